@@ -1,0 +1,1 @@
+"""The `megalith` command line (also `python -m megalith`); see megalith.cli.main."""
