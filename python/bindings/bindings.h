@@ -1,0 +1,8 @@
+#pragma once
+// Registration functions of the engine module, one per binding file.
+#include <nanobind/nanobind.h>
+
+namespace megalith::bindings {
+void bind_info(nanobind::module_& m);
+void bind_optim(nanobind::module_& m);
+}  // namespace megalith::bindings

@@ -1,0 +1,337 @@
+// Optimizer steps. Two entry points per optimizer:
+//  - *_step_flat(param, grad, states..., param_copy=None, ...): the safe API on
+//    DLPack arrays (torch, numpy, ...), fully validated; CPU or CUDA by the
+//    arrays' device.
+//  - cpu_*_step / cuda_*_step(slots, numels, ...): the hot path used by
+//    megalith.optim. [Note: pointer tables] converting hundreds of tensors
+//    through DLPack costs milliseconds a step, so megalith.optim validates each
+//    tensor once in Python and passes an int64 table of data pointers, one row
+//    per parameter: [param, grad, state0, state1, state2, param_copy] (0 = none).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "buffers.h"
+#include "megalith/error.h"
+#include "megalith/optim/cpu.h"
+#include "megalith/optim/hyper.h"
+#include "megalith/optim/slots.h"
+#include "megalith/cuda/optim.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace megalith::bindings {
+namespace {
+
+using optim::AdamHyper;
+using optim::LionHyper;
+using optim::NonFinite;
+using optim::ParamSlots;
+using optim::SgdHyper;
+using optim::StepArgs;
+
+using PointerTable = nb::ndarray<const std::int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using Int64Vector = nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using OptArray = std::optional<nb::ndarray<>>;
+
+/// Device-side scalars as integers (data pointers), converted for the core.
+struct PyDeviceScalars {
+  std::uintptr_t inv_scale = 0, found_inf = 0, grad_sum_sq = 0;
+  float max_grad_norm = 0.0f;
+  optim::cuda::DeviceScalars to_core() const {
+    return {reinterpret_cast<const float*>(inv_scale), reinterpret_cast<const float*>(found_inf),
+            reinterpret_cast<const float*>(grad_sum_sq), max_grad_norm};
+  }
+};
+
+std::vector<ParamSlots> slots_from_table(const PointerTable& table, const Int64Vector& numels) {
+  MEGALITH_EXPECTS(table.shape(1) == 6, invalid_argument,
+                   "slots: expected shape (n, 6) [param, grad, state0, state1, state2, param_copy], got (",
+                   table.shape(0), ", ", table.shape(1), ")");
+  MEGALITH_EXPECTS(table.shape(0) == numels.shape(0), invalid_argument, "numels: expected ",
+                   table.shape(0), " entries (one per slot row), got ", numels.shape(0));
+  std::vector<ParamSlots> out(table.shape(0));
+  const std::int64_t* row = table.data();
+  auto ptr = [](std::int64_t v) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(v)); };
+  for (std::size_t i = 0; i < out.size(); ++i, row += 6) {
+    out[i].param = static_cast<float*>(ptr(row[0]));
+    out[i].grad = ptr(row[1]);
+    for (int k = 0; k < 3; ++k) out[i].state[k] = static_cast<float*>(ptr(row[2 + k]));
+    out[i].param_copy = ptr(row[5]);
+    out[i].numel = numels.data()[i];
+  }
+  return out;
+}
+
+std::vector<void*> pointers_from_vector(const Int64Vector& v) {
+  std::vector<void*> out(v.shape(0));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    out[i] = reinterpret_cast<void*>(static_cast<std::uintptr_t>(v.data()[i]));
+  }
+  return out;
+}
+
+/// One validated parameter from DLPack arrays: its slot, and where it lives.
+struct FlatParam {
+  ParamSlots slot;
+  StepArgs args;
+  bool on_cuda = false;
+};
+
+FlatParam flat_param(const nb::ndarray<>& param, const nb::ndarray<>& grad,
+                     std::initializer_list<std::pair<const char*, const OptArray*>> states,
+                     const OptArray& copy, std::int64_t step, float grad_scale,
+                     NonFinite nonfinite) {
+  const auto f32 = {DType::f32};
+  std::vector<Buffer> bufs{as_buffer(param, "param", f32),
+                           as_buffer(grad, "grad", {DType::f32, DType::bf16, DType::f16})};
+  FlatParam out;
+  int k = 0;
+  for (auto [name, arr] : states) {
+    if (arr->has_value()) {
+      bufs.push_back(as_buffer(**arr, name, f32));
+      out.slot.state[k] = static_cast<float*>(bufs.back().ptr);
+    }
+    ++k;
+  }
+  if (copy) {
+    bufs.push_back(as_buffer(*copy, "param_copy", {DType::bf16, DType::f16, DType::f32}));
+    out.slot.param_copy = bufs.back().ptr;
+    out.args.copy_dtype = bufs.back().dtype;
+  }
+  check_same_layout(bufs);
+  out.slot.param = static_cast<float*>(bufs[0].ptr);
+  out.slot.grad = bufs[1].ptr;
+  out.slot.numel = bufs[0].numel;
+  out.args.grad_dtype = bufs[1].dtype;
+  out.args.step = step;
+  out.args.grad_scale = grad_scale;
+  out.args.nonfinite = nonfinite;
+  out.on_cuda = bufs[0].device_type == nb::device::cuda::value;
+  return out;
+}
+
+template <class Hyper, class CpuFn, class CudaFn>
+bool run_flat(const FlatParam& fp, const Hyper& h, std::uintptr_t stream, CpuFn cpu_fn,
+              CudaFn cuda_fn) {
+  nb::gil_scoped_release release;
+  if (fp.on_cuda) {
+    cuda_fn(&fp.slot, 1, h, fp.args, optim::cuda::DeviceScalars{}, reinterpret_cast<void*>(stream));
+    return false;
+  }
+  return cpu_fn(&fp.slot, 1, h, fp.args).found_nonfinite;
+}
+
+void bind_types(nb::module_& m) {
+  nb::enum_<DType>(m, "DType", "Element type of a buffer")
+      .value("f32", DType::f32)
+      .value("f16", DType::f16)
+      .value("bf16", DType::bf16);
+  nb::enum_<NonFinite>(m, "NonFinite", "What a step does about inf/nan gradients")
+      .value("ignore", NonFinite::ignore, "no check")
+      .value("detect", NonFinite::detect, "fused check; the step runs and reports it")
+      .value("skip", NonFinite::skip, "no change at all when any gradient is inf/nan");
+
+  nb::class_<AdamHyper>(m, "AdamHyper", "Adam/AdamW hyper-parameters (torch.optim meanings)")
+      .def(
+          "__init__",
+          [](AdamHyper* self, float lr, float beta1, float beta2, float eps, float weight_decay,
+             bool decoupled_weight_decay, bool amsgrad, bool bias_correction, bool maximize) {
+            new (self) AdamHyper{lr, beta1, beta2, eps, weight_decay, decoupled_weight_decay,
+                                 amsgrad, bias_correction, maximize};
+          },
+          "lr"_a = 1e-3f, "beta1"_a = 0.9f, "beta2"_a = 0.999f, "eps"_a = 1e-8f,
+          "weight_decay"_a = 0.0f, "decoupled_weight_decay"_a = true, "amsgrad"_a = false,
+          "bias_correction"_a = true, "maximize"_a = false)
+      .def_rw("lr", &AdamHyper::lr)
+      .def_rw("beta1", &AdamHyper::beta1)
+      .def_rw("beta2", &AdamHyper::beta2)
+      .def_rw("eps", &AdamHyper::eps)
+      .def_rw("weight_decay", &AdamHyper::weight_decay)
+      .def_rw("decoupled_weight_decay", &AdamHyper::decoupled_weight_decay)
+      .def_rw("amsgrad", &AdamHyper::amsgrad)
+      .def_rw("bias_correction", &AdamHyper::bias_correction)
+      .def_rw("maximize", &AdamHyper::maximize);
+
+  nb::class_<SgdHyper>(m, "SgdHyper", "SGD hyper-parameters (torch.optim.SGD meanings)")
+      .def(
+          "__init__",
+          [](SgdHyper* self, float lr, float momentum, float dampening, float weight_decay,
+             bool nesterov, bool maximize) {
+            new (self) SgdHyper{lr, momentum, dampening, weight_decay, nesterov, maximize};
+          },
+          "lr"_a = 1e-3f, "momentum"_a = 0.0f, "dampening"_a = 0.0f, "weight_decay"_a = 0.0f,
+          "nesterov"_a = false, "maximize"_a = false)
+      .def_rw("lr", &SgdHyper::lr)
+      .def_rw("momentum", &SgdHyper::momentum)
+      .def_rw("dampening", &SgdHyper::dampening)
+      .def_rw("weight_decay", &SgdHyper::weight_decay)
+      .def_rw("nesterov", &SgdHyper::nesterov)
+      .def_rw("maximize", &SgdHyper::maximize);
+
+  nb::class_<LionHyper>(m, "LionHyper", "Lion hyper-parameters")
+      .def(
+          "__init__",
+          [](LionHyper* self, float lr, float beta1, float beta2, float weight_decay,
+             bool maximize) { new (self) LionHyper{lr, beta1, beta2, weight_decay, maximize}; },
+          "lr"_a = 1e-4f, "beta1"_a = 0.9f, "beta2"_a = 0.99f, "weight_decay"_a = 0.0f,
+          "maximize"_a = false)
+      .def_rw("lr", &LionHyper::lr)
+      .def_rw("beta1", &LionHyper::beta1)
+      .def_rw("beta2", &LionHyper::beta2)
+      .def_rw("weight_decay", &LionHyper::weight_decay)
+      .def_rw("maximize", &LionHyper::maximize);
+
+  nb::class_<StepArgs>(m, "StepArgs", "Per-call step settings")
+      .def(
+          "__init__",
+          [](StepArgs* self, DType grad_dtype, DType copy_dtype, float grad_scale,
+             std::int64_t step, NonFinite nonfinite) {
+            new (self) StepArgs{grad_dtype, copy_dtype, grad_scale, step, nonfinite};
+          },
+          "grad_dtype"_a = DType::f32, "copy_dtype"_a = DType::bf16, "grad_scale"_a = 1.0f,
+          "step"_a = 1, "nonfinite"_a = NonFinite::ignore)
+      .def_rw("grad_dtype", &StepArgs::grad_dtype)
+      .def_rw("copy_dtype", &StepArgs::copy_dtype)
+      .def_rw("grad_scale", &StepArgs::grad_scale)
+      .def_rw("step", &StepArgs::step)
+      .def_rw("nonfinite", &StepArgs::nonfinite);
+
+  nb::class_<PyDeviceScalars>(m, "DeviceScalars",
+                              "GPU-resident scalars (as data pointers, 0 = unused) for sync-free steps")
+      .def(
+          "__init__",
+          [](PyDeviceScalars* self, std::uintptr_t inv_scale, std::uintptr_t found_inf,
+             std::uintptr_t grad_sum_sq, float max_grad_norm) {
+            new (self) PyDeviceScalars{inv_scale, found_inf, grad_sum_sq, max_grad_norm};
+          },
+          "inv_scale"_a = 0, "found_inf"_a = 0, "grad_sum_sq"_a = 0, "max_grad_norm"_a = 0.0f)
+      .def_rw("inv_scale", &PyDeviceScalars::inv_scale)
+      .def_rw("found_inf", &PyDeviceScalars::found_inf)
+      .def_rw("grad_sum_sq", &PyDeviceScalars::grad_sum_sq)
+      .def_rw("max_grad_norm", &PyDeviceScalars::max_grad_norm);
+}
+
+template <class Hyper, class CpuFn, class CudaFn>
+void bind_pointer_api(nb::module_& m, const char* name, CpuFn cpu_fn, CudaFn cuda_fn) {
+  std::string cpu_name = std::string("cpu_") + name + "_step";
+  std::string cuda_name = std::string("cuda_") + name + "_step";
+  m.def(
+      cpu_name.c_str(),
+      [cpu_fn](const PointerTable& slots, const Int64Vector& numels, const Hyper& h,
+               const StepArgs& args) {
+        auto v = slots_from_table(slots, numels);
+        nb::gil_scoped_release release;
+        return cpu_fn(v.data(), v.size(), h, args).found_nonfinite;
+      },
+      "slots"_a, "numels"_a, "hyper"_a, "args"_a,
+      "Host step over a pointer table (see [Note: pointer tables]); returns found_nonfinite.");
+  m.def(
+      cuda_name.c_str(),
+      [cuda_fn](const PointerTable& slots, const Int64Vector& numels, const Hyper& h,
+                const StepArgs& args, const PyDeviceScalars& dev, std::uintptr_t stream) {
+        auto v = slots_from_table(slots, numels);
+        nb::gil_scoped_release release;
+        cuda_fn(v.data(), v.size(), h, args, dev.to_core(), reinterpret_cast<void*>(stream));
+      },
+      "slots"_a, "numels"_a, "hyper"_a, "args"_a, "dev"_a, "stream"_a = 0,
+      "GPU step over a pointer table, asynchronous on `stream` (a cudaStream_t as int).");
+}
+
+}  // namespace
+
+void bind_optim(nb::module_& m) {
+  bind_types(m);
+  bind_pointer_api<AdamHyper>(m, "adam", &optim::cpu::adam_step, &optim::cuda::adam_step);
+  bind_pointer_api<SgdHyper>(m, "sgd", &optim::cpu::sgd_step, &optim::cuda::sgd_step);
+  bind_pointer_api<LionHyper>(m, "lion", &optim::cpu::lion_step, &optim::cuda::lion_step);
+
+  m.def(
+      "cpu_grad_stats",
+      [](const Int64Vector& grads, const Int64Vector& numels, DType dtype, float scale) {
+        MEGALITH_EXPECTS(grads.shape(0) == numels.shape(0), invalid_argument, "numels: expected ",
+                         grads.shape(0), " entries, got ", numels.shape(0));
+        auto ptrs = pointers_from_vector(grads);
+        nb::gil_scoped_release release;
+        auto s = optim::cpu::grad_stats(const_cast<const void* const*>(ptrs.data()), numels.data(),
+                                        ptrs.size(), dtype, scale);
+        return std::make_pair(s.sum_sq, s.found_nonfinite);
+      },
+      "grads"_a, "numels"_a, "grad_dtype"_a, "scale"_a = 1.0f,
+      "(sum of squares of grad*scale, any inf/nan) over host buffers given as data pointers.");
+  m.def(
+      "cuda_grad_check",
+      [](const Int64Vector& grads, const Int64Vector& numels, DType dtype, std::uintptr_t inv_scale,
+         bool unscale_in_place, std::uintptr_t found_inf, std::uintptr_t sum_sq, std::uintptr_t stream) {
+        MEGALITH_EXPECTS(grads.shape(0) == numels.shape(0), invalid_argument, "numels: expected ",
+                         grads.shape(0), " entries, got ", numels.shape(0));
+        auto ptrs = pointers_from_vector(grads);
+        nb::gil_scoped_release release;
+        optim::cuda::grad_check(ptrs.data(), numels.data(), ptrs.size(), dtype,
+                                reinterpret_cast<const float*>(inv_scale), unscale_in_place,
+                                reinterpret_cast<float*>(found_inf), reinterpret_cast<float*>(sum_sq),
+                                reinterpret_cast<void*>(stream));
+      },
+      "grads"_a, "numels"_a, "grad_dtype"_a, "inv_scale"_a, "unscale_in_place"_a, "found_inf"_a,
+      "sum_sq"_a, "stream"_a = 0,
+      "Fused unscale + inf/nan flag + sum of squares over GPU buffers (data pointers); accumulates.");
+
+  m.def(
+      "adam_step_flat",
+      [](const nb::ndarray<>& param, const nb::ndarray<>& grad, const nb::ndarray<>& exp_avg,
+         const nb::ndarray<>& exp_avg_sq, const OptArray& max_exp_avg_sq, const OptArray& param_copy,
+         const AdamHyper& hyper, std::int64_t step, float grad_scale, NonFinite nonfinite,
+         std::uintptr_t stream) {
+        MEGALITH_EXPECTS(!hyper.amsgrad || max_exp_avg_sq.has_value(), invalid_argument,
+                         "max_exp_avg_sq: required when hyper.amsgrad is True");
+        OptArray m1{exp_avg}, m2{exp_avg_sq};
+        FlatParam fp = flat_param(param, grad,
+                                  {{"exp_avg", &m1}, {"exp_avg_sq", &m2}, {"max_exp_avg_sq", &max_exp_avg_sq}},
+                                  param_copy, step, grad_scale, nonfinite);
+        return run_flat(fp, hyper, stream, &optim::cpu::adam_step, &optim::cuda::adam_step);
+      },
+      "param"_a, "grad"_a, "exp_avg"_a, "exp_avg_sq"_a, "max_exp_avg_sq"_a = nb::none(),
+      "param_copy"_a = nb::none(), nb::kw_only(), "hyper"_a, "step"_a, "grad_scale"_a = 1.0f,
+      "nonfinite"_a = NonFinite::ignore, "stream"_a = 0,
+      "One fused Adam/AdamW step on contiguous arrays (fp32 param/states; grad f32/bf16/f16;\n"
+      "optional bf16/f16/f32 param_copy). Returns True when a non-finite gradient was seen.");
+  m.def(
+      "sgd_step_flat",
+      [](const nb::ndarray<>& param, const nb::ndarray<>& grad, const OptArray& momentum_buffer,
+         const OptArray& param_copy, const SgdHyper& hyper, std::int64_t step, float grad_scale,
+         NonFinite nonfinite, std::uintptr_t stream) {
+        MEGALITH_EXPECTS(hyper.momentum == 0.0f || momentum_buffer.has_value(), invalid_argument,
+                         "momentum_buffer: required when hyper.momentum != 0");
+        FlatParam fp = flat_param(param, grad, {{"momentum_buffer", &momentum_buffer}}, param_copy,
+                                  step, grad_scale, nonfinite);
+        return run_flat(fp, hyper, stream, &optim::cpu::sgd_step, &optim::cuda::sgd_step);
+      },
+      "param"_a, "grad"_a, "momentum_buffer"_a = nb::none(), "param_copy"_a = nb::none(),
+      nb::kw_only(), "hyper"_a, "step"_a, "grad_scale"_a = 1.0f, "nonfinite"_a = NonFinite::ignore,
+      "stream"_a = 0, "One fused SGD step on contiguous arrays.");
+  m.def(
+      "lion_step_flat",
+      [](const nb::ndarray<>& param, const nb::ndarray<>& grad, const nb::ndarray<>& exp_avg,
+         const OptArray& param_copy, const LionHyper& hyper, std::int64_t step, float grad_scale,
+         NonFinite nonfinite, std::uintptr_t stream) {
+        OptArray m1{exp_avg};
+        FlatParam fp = flat_param(param, grad, {{"exp_avg", &m1}}, param_copy, step, grad_scale,
+                                  nonfinite);
+        return run_flat(fp, hyper, stream, &optim::cpu::lion_step, &optim::cuda::lion_step);
+      },
+      "param"_a, "grad"_a, "exp_avg"_a, "param_copy"_a = nb::none(), nb::kw_only(), "hyper"_a,
+      "step"_a, "grad_scale"_a = 1.0f, "nonfinite"_a = NonFinite::ignore, "stream"_a = 0,
+      "One fused Lion step on contiguous arrays.");
+}
+
+}  // namespace megalith::bindings
