@@ -24,7 +24,7 @@ _HERE = Path(__file__).resolve().parent
 _LAZY_SUBMODULES = ("optim",)
 
 
-def _engine() -> ModuleType:
+def _load_engine() -> ModuleType:
     """Imports megalith._engine, turning a failure into an error that names the fix."""
     try:
         return importlib.import_module("megalith._engine")
@@ -43,7 +43,7 @@ def build_info() -> dict[str, str]:
     simd_levels_compiled, simd_level_best, simd_level_active, cuda_compiled,
     cuda_archs, cuda_status and threads. `megalith env` prints them.
     """
-    return dict(_engine().build_info())
+    return dict(_load_engine().build_info())
 
 
 def _installed_dir(relative: str, marker: str, what: str) -> str:
