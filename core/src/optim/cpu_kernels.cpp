@@ -247,7 +247,7 @@ bool adam_part(const Range& r, const AdamConsts& k, i64 begin, i64 end) {
     T g = V::mul(load_grad<V, G>(r.grad, i), gs);
     if constexpr (CHECK) bad = track_nonfinite<V>(bad, g);
     T p = V::load(r.param + i);
-    g = V::fma(p, l2, g);
+    if (k.l2 != 0.0f) g = V::fma(p, l2, g);  // skipped, not times 0: inf params stay inf
     p = V::mul(p, decay);
     T m = V::load(r.s0 + i);
     T v = V::load(r.s1 + i);
@@ -287,7 +287,7 @@ bool sgd_part(const Range& r, const SgdConsts& k, i64 begin, i64 end) {
     T g = V::mul(load_grad<V, G>(r.grad, i), gs);
     if constexpr (CHECK) bad = track_nonfinite<V>(bad, g);
     T p = V::load(r.param + i);
-    g = V::fma(p, wd, g);
+    if (k.weight_decay != 0.0f) g = V::fma(p, wd, g);
     if (k.has_momentum) {
       T buf = k.first_step ? g : V::fma(V::load(r.s0 + i), mom, V::mul(g, omd));
       V::store(r.s0 + i, buf);
@@ -344,7 +344,7 @@ bool lion_range(const Range& r, const LionConsts& k) {
 template <class V, int G>
 bool stats_part(const void* grad, i64 begin, i64 end, float scale, double* sum_sq) {
   using T = typename V::T;
-  constexpr i64 kBlock = 4096;  // fp32 partial sums stay short; blocks add up in double
+  constexpr i64 kBlock = 256 * V::W;  // each fp32 lane sums 256 terms; blocks add up in double
   const T gs = V::set1(scale);
   T bad = V::zero();
   double total = 0.0;

@@ -1,0 +1,147 @@
+"""Adam/AdamW on the engine's fused kernels: CPUAdam, FusedAdam, HybridAdam.
+
+They take torch.optim.AdamW's arguments and ColossalAI's (adamw_mode,
+bias_correction, div_scale in step), and keep torch's state_dict layout
+(per-parameter 'step', 'exp_avg', 'exp_avg_sq', 'max_exp_avg_sq'), so
+checkpoints move between them and torch.optim.Adam/AdamW both ways.
+
+Default weight_decay is 0 as in ColossalAI (torch.optim.AdamW's is 0.01).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from ._base import EngineOptimizer, ParamsT, increment_steps, new_step_tensor
+from .functional import adam_step
+
+
+class _EngineAdam(EngineOptimizer):
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+        adamw_mode: bool | None = None,
+        decoupled_weight_decay: bool | None = None,
+        bias_correction: bool = True,
+        foreach: bool | None = None,
+        fused: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        nvme_offload_fraction: float = 0.0,
+        nvme_offload_dir: str | None = None,
+    ) -> None:
+        name = type(self).__name__
+        if not 0.0 <= lr:
+            raise ValueError(f"{name}: invalid learning rate {lr}; expected >= 0")
+        if not 0.0 <= eps:
+            raise ValueError(f"{name}: invalid eps {eps}; expected >= 0")
+        for i, b in enumerate(betas):
+            if not 0.0 <= b < 1.0:
+                raise ValueError(f"{name}: invalid beta{i + 1} {b}; expected 0 <= beta < 1")
+        if weight_decay < 0.0:
+            raise ValueError(f"{name}: invalid weight_decay {weight_decay}; expected >= 0")
+        if capturable or differentiable:
+            raise ValueError(f"{name}: capturable/differentiable are not supported; use torch.optim.AdamW for those")
+        if nvme_offload_fraction:
+            raise NotImplementedError(
+                f"{name}: NVMe offload of optimizer states arrives with megalith-offload; "
+                "pass nvme_offload_fraction=0.0 for now"
+            )
+        if adamw_mode is not None and decoupled_weight_decay is not None and adamw_mode != decoupled_weight_decay:
+            raise ValueError(f"{name}: adamw_mode={adamw_mode} contradicts decoupled_weight_decay={decoupled_weight_decay}")
+        decoupled = self._default_decoupled if adamw_mode is None and decoupled_weight_decay is None else bool(
+            adamw_mode if adamw_mode is not None else decoupled_weight_decay
+        )
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            maximize=maximize,
+            foreach=None,
+            capturable=False,
+            differentiable=False,
+            fused=None,
+            decoupled_weight_decay=decoupled,
+            bias_correction=bias_correction,
+        )
+        super().__init__(params, defaults)
+
+    _default_decoupled: ClassVar[bool] = True
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:  # a state dict from torch.optim.Adam/AdamW lacks ours
+            group.setdefault("amsgrad", False)
+            group.setdefault("maximize", False)
+            group.setdefault("bias_correction", True)
+            group.setdefault("decoupled_weight_decay", self.defaults["decoupled_weight_decay"])
+
+    def _init_state(self, p: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        state["step"] = new_step_tensor()
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        if group["amsgrad"]:
+            state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+    def _bucket_key(self, state: dict[str, Any]) -> Any:
+        return int(state["step"]) + 1
+
+    def _step_bucket(self, group: dict[str, Any], params: list[torch.Tensor], step: int,
+                     grad_scale: float) -> bool:
+        states = [self.state[p] for p in params]
+        amsgrad = group["amsgrad"]
+        if amsgrad:
+            for p, s in zip(params, states):
+                if "max_exp_avg_sq" not in s:  # amsgrad switched on after the first step
+                    s["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        found = adam_step(
+            params,
+            [p.grad for p in params],
+            [s["exp_avg"] for s in states],
+            [s["exp_avg_sq"] for s in states],
+            max_exp_avg_sqs=[s["max_exp_avg_sq"] for s in states] if amsgrad else None,
+            step=step,
+            lr=float(group["lr"]),
+            betas=group["betas"],
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            decoupled_weight_decay=group["decoupled_weight_decay"],
+            amsgrad=amsgrad,
+            bias_correction=group["bias_correction"],
+            maximize=group["maximize"],
+            grad_scale=grad_scale,
+        )
+        increment_steps(states)
+        return found
+
+
+class CPUAdam(_EngineAdam):
+    """Adam/AdamW for parameters in host memory: the engine's SIMD kernel on all cores."""
+
+    devices = frozenset({"cpu"})
+    other_device_hint = "Use HybridAdam for a mix of CPU and GPU parameters, or FusedAdam on the GPU."
+
+
+class FusedAdam(_EngineAdam):
+    """Adam/AdamW for GPU parameters: one multi-tensor CUDA launch per group."""
+
+    devices = frozenset({"cuda"})
+    other_device_hint = "Use CPUAdam for host parameters, or HybridAdam for a mix."
+
+
+class HybridAdam(_EngineAdam):
+    """Adam/AdamW over CPU and GPU parameters in one step(): host parameters go
+    through the SIMD kernel, device parameters through one multi-tensor launch."""
+
+    devices = frozenset({"cpu", "cuda"})

@@ -1,0 +1,296 @@
+"""Fused optimizer steps on lists of tensors: one engine call per list.
+
+This is the layer the optimizers in :mod:`megalith.optim` and the ZeRO/offload
+packages build on. Every tensor of one call lives on one device; parameters and
+states are fp32; gradients are one of fp32, bf16 or fp16 for the whole list;
+``param_copies`` (optional) receive the updated parameters in bf16/fp16/fp32 in
+the same pass. On the CPU the call returns whether any scaled gradient was
+inf/nan (with ``nonfinite="detect"`` or ``"skip"``); on CUDA the call is
+asynchronous on the current stream and returns False: use
+:func:`grad_check` and ``DeviceScalars.found_inf`` for skips without a sync.
+
+[Note: pointer tables] Each tensor is validated here (dtype, device, size,
+contiguity, aliasing) and its data pointer goes into one int64 table handed to
+the engine; converting hundreds of tensors through DLPack would cost more than
+the step itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from megalith import _engine
+
+from ._dtypes import GRAD_DTYPES, engine_dtype, nonfinite_mode
+
+Tensors = Sequence[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DeviceScalars:
+    """GPU-resident scalars read by CUDA steps (each an fp32 one-element tensor).
+
+    inv_scale: gradients are multiplied by it (1/loss_scale).
+    found_inf: when non-zero the step changes nothing.
+    grad_sum_sq: with max_grad_norm > 0, gradients are also scaled by
+        min(1, max_grad_norm / (sqrt(grad_sum_sq) + 1e-6)).
+    """
+
+    inv_scale: torch.Tensor | None = None
+    found_inf: torch.Tensor | None = None
+    grad_sum_sq: torch.Tensor | None = None
+    max_grad_norm: float = 0.0
+
+    def to_engine(self) -> _engine.DeviceScalars:
+        def ptr(t: torch.Tensor | None, name: str) -> int:
+            if t is None:
+                return 0
+            if t.dtype != torch.float32 or t.numel() != 1 or not t.is_cuda:
+                raise ValueError(f"DeviceScalars.{name}: expected a one-element float32 CUDA tensor")
+            return t.data_ptr()
+
+        return _engine.DeviceScalars(
+            inv_scale=ptr(self.inv_scale, "inv_scale"),
+            found_inf=ptr(self.found_inf, "found_inf"),
+            grad_sum_sq=ptr(self.grad_sum_sq, "grad_sum_sq"),
+            max_grad_norm=self.max_grad_norm,
+        )
+
+
+def _build_table(
+    op: str,
+    params: Tensors,
+    grads: Tensors,
+    states: Sequence[tuple[str, Tensors | None]],
+    param_copies: Tensors | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.device, torch.dtype, torch.dtype]:
+    n = len(params)
+    if len(grads) != n:
+        raise ValueError(f"{op}: got {n} params but {len(grads)} grads")
+    for name, lst in states:
+        if lst is not None and len(lst) != n:
+            raise ValueError(f"{op}: got {n} params but {len(lst)} {name}")
+    if param_copies is not None and len(param_copies) != n:
+        raise ValueError(f"{op}: got {n} params but {len(param_copies)} param_copies")
+    if n == 0:
+        empty = torch.zeros((0, 6), dtype=torch.int64)
+        return empty, torch.zeros(0, dtype=torch.int64), torch.device("cpu"), torch.float32, torch.bfloat16
+
+    device = params[0].device
+    grad_dtype = grads[0].dtype
+    copy_dtype = param_copies[0].dtype if param_copies is not None else torch.bfloat16
+    if grad_dtype not in GRAD_DTYPES:
+        raise TypeError(f"{op}: grads[0] is {grad_dtype}; expected float32, bfloat16 or float16")
+    rows: list[list[int]] = []
+    numels: list[int] = []
+    for i in range(n):
+        p = params[i]
+        numel = p.numel()
+        row = [0] * 6
+        named = [("params", p, 0, torch.float32), ("grads", grads[i], 1, grad_dtype)]
+        for k, (name, lst) in enumerate(states):
+            if lst is not None:
+                named.append((name, lst[i], 2 + k, torch.float32))
+        if param_copies is not None:
+            named.append(("param_copies", param_copies[i], 5, copy_dtype))
+        for name, t, col, dtype in named:
+            if t.dtype != dtype:
+                raise TypeError(f"{op}: {name}[{i}] is {t.dtype}; expected {dtype}")
+            if t.device != device:
+                raise ValueError(f"{op}: {name}[{i}] is on {t.device}; expected {device} like params[0]")
+            if t.numel() != numel:
+                raise ValueError(
+                    f"{op}: {name}[{i}] has {t.numel()} elements; expected {numel} like params[{i}]"
+                )
+            if not t.is_contiguous():
+                raise ValueError(f"{op}: {name}[{i}] is not contiguous; call .contiguous() first")
+            row[col] = t.data_ptr()
+        used = [x for x in row if x]
+        if numel and len(set(used)) != len(used):
+            raise ValueError(f"{op}: two of the buffers of parameter {i} are the same memory")
+        rows.append(row)
+        numels.append(numel)
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{op}: tensors are on {device}; the engine runs on cpu and cuda")
+    return (
+        torch.tensor(rows, dtype=torch.int64),
+        torch.tensor(numels, dtype=torch.int64),
+        device,
+        grad_dtype,
+        copy_dtype,
+    )
+
+
+def _run(
+    op: str,
+    cpu_fn,
+    cuda_fn,
+    hyper,
+    params: Tensors,
+    grads: Tensors,
+    states: Sequence[tuple[str, Tensors | None]],
+    param_copies: Tensors | None,
+    step: int,
+    grad_scale: float,
+    nonfinite: str,
+    device_scalars: DeviceScalars | None,
+) -> bool:
+    table, numels, device, grad_dtype, copy_dtype = _build_table(op, params, grads, states, param_copies)
+    if table.shape[0] == 0:
+        return False
+    args = _engine.StepArgs(
+        grad_dtype=engine_dtype(grad_dtype, "grads"),
+        copy_dtype=engine_dtype(copy_dtype, "param_copies"),
+        grad_scale=float(grad_scale),
+        step=int(step),
+        nonfinite=nonfinite_mode(nonfinite),
+    )
+    if device.type == "cpu":
+        if device_scalars is not None:
+            raise ValueError(f"{op}: device_scalars are for CUDA tensors; pass grad_scale on the CPU")
+        return bool(cpu_fn(table.numpy(), numels.numpy(), hyper, args))
+    if nonfinite != "ignore":
+        raise ValueError(
+            f"{op}: nonfinite={nonfinite!r} needs a host sync on CUDA; use grad_check() and "
+            "DeviceScalars(found_inf=...) instead"
+        )
+    stream = torch.cuda.current_stream(device).cuda_stream
+    dev = (device_scalars or DeviceScalars()).to_engine()
+    with torch.cuda.device(device):
+        cuda_fn(table.numpy(), numels.numpy(), hyper, args, dev, stream)
+    return False
+
+
+def adam_step(
+    params: Tensors,
+    grads: Tensors,
+    exp_avgs: Tensors,
+    exp_avg_sqs: Tensors,
+    *,
+    max_exp_avg_sqs: Tensors | None = None,
+    param_copies: Tensors | None = None,
+    step: int,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    decoupled_weight_decay: bool = True,
+    amsgrad: bool = False,
+    bias_correction: bool = True,
+    maximize: bool = False,
+    grad_scale: float = 1.0,
+    nonfinite: str = "ignore",
+    device_scalars: DeviceScalars | None = None,
+) -> bool:
+    """One fused Adam/AdamW step over every tensor in the lists (see module doc)."""
+    if amsgrad and max_exp_avg_sqs is None:
+        raise ValueError("adam_step: amsgrad=True needs max_exp_avg_sqs")
+    hyper = _engine.AdamHyper(
+        lr=lr,
+        beta1=betas[0],
+        beta2=betas[1],
+        eps=eps,
+        weight_decay=weight_decay,
+        decoupled_weight_decay=decoupled_weight_decay,
+        amsgrad=amsgrad,
+        bias_correction=bias_correction,
+        maximize=maximize,
+    )
+    states = [("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs), ("max_exp_avg_sqs", max_exp_avg_sqs if amsgrad else None)]
+    return _run("adam_step", _engine.cpu_adam_step, _engine.cuda_adam_step, hyper, params, grads,
+                states, param_copies, step, grad_scale, nonfinite, device_scalars)
+
+
+def sgd_step(
+    params: Tensors,
+    grads: Tensors,
+    momentum_buffers: Tensors | None = None,
+    *,
+    param_copies: Tensors | None = None,
+    first_step: bool,
+    lr: float,
+    momentum: float = 0.0,
+    dampening: float = 0.0,
+    weight_decay: float = 0.0,
+    nesterov: bool = False,
+    maximize: bool = False,
+    grad_scale: float = 1.0,
+    nonfinite: str = "ignore",
+    device_scalars: DeviceScalars | None = None,
+) -> bool:
+    """One fused SGD step. With momentum, ``first_step=True`` sets each buffer
+    to the (decayed) gradient, as torch.optim.SGD does when it creates it."""
+    if momentum != 0.0 and momentum_buffers is None:
+        raise ValueError("sgd_step: momentum != 0 needs momentum_buffers")
+    hyper = _engine.SgdHyper(lr=lr, momentum=momentum, dampening=dampening,
+                             weight_decay=weight_decay, nesterov=nesterov, maximize=maximize)
+    states = [("momentum_buffers", momentum_buffers if momentum != 0.0 else None)]
+    return _run("sgd_step", _engine.cpu_sgd_step, _engine.cuda_sgd_step, hyper, params, grads,
+                states, param_copies, 1 if first_step else 2, grad_scale, nonfinite, device_scalars)
+
+
+def lion_step(
+    params: Tensors,
+    grads: Tensors,
+    exp_avgs: Tensors,
+    *,
+    param_copies: Tensors | None = None,
+    step: int,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.99),
+    weight_decay: float = 0.0,
+    maximize: bool = False,
+    grad_scale: float = 1.0,
+    nonfinite: str = "ignore",
+    device_scalars: DeviceScalars | None = None,
+) -> bool:
+    """One fused Lion step (Chen et al., 2023)."""
+    hyper = _engine.LionHyper(lr=lr, beta1=betas[0], beta2=betas[1], weight_decay=weight_decay,
+                              maximize=maximize)
+    return _run("lion_step", _engine.cpu_lion_step, _engine.cuda_lion_step, hyper, params, grads,
+                [("exp_avgs", exp_avgs)], param_copies, step, grad_scale, nonfinite, device_scalars)
+
+
+def grad_stats(grads: Tensors, *, scale: float = 1.0) -> tuple[float, bool]:
+    """(sum of squares of grad*scale, any inf/nan) over CPU gradients, in one pass."""
+    if not grads:
+        return 0.0, False
+    dtype = grads[0].dtype
+    for i, g in enumerate(grads):
+        if g.device.type != "cpu" or g.dtype != dtype or not g.is_contiguous():
+            raise ValueError(f"grad_stats: grads[{i}] must be a contiguous CPU tensor of {dtype}")
+    ptrs = torch.tensor([g.data_ptr() for g in grads], dtype=torch.int64)
+    numels = torch.tensor([g.numel() for g in grads], dtype=torch.int64)
+    sum_sq, bad = _engine.cpu_grad_stats(ptrs.numpy(), numels.numpy(), engine_dtype(dtype, "grads"), scale)
+    return float(sum_sq), bool(bad)
+
+
+def grad_check(
+    grads: Tensors,
+    found_inf: torch.Tensor,
+    sum_sq: torch.Tensor | None = None,
+    *,
+    inv_scale: torch.Tensor | None = None,
+    unscale_in_place: bool = False,
+) -> None:
+    """CUDA: one fused pass that (optionally) unscales gradients in place, sets
+    ``found_inf`` to 1 on any inf/nan and adds the sum of squares of the
+    unscaled gradients to ``sum_sq``. Accumulates: zero the outputs first."""
+    if not grads:
+        return
+    dtype, device = grads[0].dtype, grads[0].device
+    for i, g in enumerate(grads):
+        if not g.is_cuda or g.device != device or g.dtype != dtype or not g.is_contiguous():
+            raise ValueError(f"grad_check: grads[{i}] must be a contiguous {dtype} tensor on {device}")
+    scalars = DeviceScalars(inv_scale=inv_scale, found_inf=found_inf, grad_sum_sq=sum_sq).to_engine()
+    ptrs = torch.tensor([g.data_ptr() for g in grads], dtype=torch.int64)
+    numels = torch.tensor([g.numel() for g in grads], dtype=torch.int64)
+    with torch.cuda.device(device):
+        _engine.cuda_grad_check(
+            ptrs.numpy(), numels.numpy(), engine_dtype(dtype, "grads"), scalars.inv_scale,
+            unscale_in_place, scalars.found_inf, scalars.grad_sum_sq,
+            torch.cuda.current_stream(device).cuda_stream,
+        )

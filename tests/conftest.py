@@ -1,0 +1,35 @@
+"""Shared fixtures: SIMD levels to force, fresh random generators, GPU skips."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from megalith import _engine
+
+RUNNABLE_LEVELS = [lvl for lvl in _engine.simd_levels_compiled() if _engine.cpu_supports(lvl)]
+
+
+@pytest.fixture(params=RUNNABLE_LEVELS)
+def simd_level(request):
+    """Runs the test once per SIMD level this build and CPU can run."""
+    _engine.force_simd_level(request.param)
+    yield request.param
+    _engine.force_simd_level(None)
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    """A generator with a fresh seed per test (printed on failure via the test id)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed={seed}")
+    return torch.Generator().manual_seed(seed)
+
+
+def has_cuda_engine() -> bool:
+    return torch.cuda.is_available() and _engine.cuda_compiled() and _engine.cuda_device_count() > 0
+
+
+gpu = pytest.mark.skipif(not has_cuda_engine(), reason="needs a CUDA GPU and megalith built with CUDA")
