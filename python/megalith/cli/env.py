@@ -106,7 +106,7 @@ def megalith_section() -> Section:
 
 
 # build_info() keys shown in the build section, in this order; any other key the
-# engine reports (other than those the cpu and cuda sections show) follows them.
+# engine reports follows them, except cuda_* keys, which go to the cuda section.
 _BUILD_KEYS = (
     "version",
     "cxx_compiler",
@@ -130,7 +130,7 @@ def build_section() -> Section:
     if os.environ.get("MEGALITH_SIMD"):
         section["simd_level_active"] += f" (MEGALITH_SIMD={os.environ['MEGALITH_SIMD']})"
     for key, value in info.items():
-        if key not in section and key not in _CUDA_KEYS:
+        if key not in section and not key.startswith("cuda_"):
             section[key] = value
     return section
 
@@ -181,6 +181,7 @@ def cuda_section() -> Section:
     section: Section = {
         key: info.get(key, "unavailable: not in build_info()") for key in _CUDA_KEYS
     }
+    section.update((k, v) for k, v in info.items() if k.startswith("cuda_") and k not in section)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         section["CUDA_VISIBLE_DEVICES"] = visible
