@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megalith.optim import CPUAdam, CPULion, CPUSGD, HybridAdam
+from megalith.optim import CPUSGD, CPUAdam, CPULion, HybridAdam
 
 SIZES = [1, 7, 1023, (1 << 20) + 3]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megalith.optim import CPUAdam, CPUSGD, HybridAdam
+from megalith.optim import CPUSGD, CPUAdam, HybridAdam
 
 
 def model(gen):
