@@ -109,5 +109,5 @@ def test_cuda_entry_points_explain_themselves_without_gpu():
         pytest.skip("a GPU is present")
     p, g, m, v = bufs()
     table = np.array([[p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), 0, 0]], np.int64)
-    with pytest.raises((RuntimeError, ValueError), match="CUDA|cuda"):
+    with pytest.raises((RuntimeError, ValueError), match=r"CUDA|cuda"):
         _engine.cuda_adam_step(table, np.array([64], np.int64), H, _engine.StepArgs(), _engine.DeviceScalars(), 0)
