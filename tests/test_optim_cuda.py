@@ -20,7 +20,7 @@ def gpt_like_shapes(d=64, layers=24, vocab=1000):
     shapes = [(vocab, d), (128, d)]
     for _ in range(layers):
         shapes += [(d,), (d,), (3 * d, d), (3 * d,), (d, d), (d,), (d,), (d,), (4 * d, d), (4 * d,), (d, 4 * d), (d,)]
-    return shapes + [(d,), (d,)]
+    return [*shapes, (d,), (d,)]
 
 
 def run_lists(make_ours, make_ref, shapes, steps, seed):
