@@ -136,7 +136,12 @@ void bind_types(nb::module_& m) {
   nb::enum_<DType>(m, "DType", "Element type of a buffer")
       .value("f32", DType::f32)
       .value("f16", DType::f16)
-      .value("bf16", DType::bf16);
+      .value("bf16", DType::bf16)
+      .value("f64", DType::f64)
+      .value("i8", DType::i8)
+      .value("u8", DType::u8)
+      .value("i32", DType::i32)
+      .value("i64", DType::i64);
   nb::enum_<NonFinite>(m, "NonFinite", "What a step does about inf/nan gradients")
       .value("ignore", NonFinite::ignore, "no check")
       .value("detect", NonFinite::detect, "fused check; the step runs and reports it")

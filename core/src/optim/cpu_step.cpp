@@ -101,6 +101,10 @@ StepResult run_step(const ParamSlots* slots, std::size_t count, const StepArgs& 
                     Kernel&& kernel) {
   MEGALITH_EXPECTS(count == 0 || slots != nullptr, invalid_argument, "slots is null but count is ",
                    count);
+  MEGALITH_EXPECTS(is_optimizer_float(args.grad_dtype), type_error, "grad dtype ",
+                   dtype_name(args.grad_dtype), " is not supported: expected float32, bfloat16 or float16");
+  MEGALITH_EXPECTS(is_optimizer_float(args.copy_dtype), type_error, "param copy dtype ",
+                   dtype_name(args.copy_dtype), " is not supported: expected float32, bfloat16 or float16");
   StepResult result;
   if (args.nonfinite == NonFinite::skip && any_nonfinite(slots, count, args)) {
     result.found_nonfinite = true;  // nothing written: the step is skipped
@@ -198,6 +202,8 @@ StepResult lion_step(const ParamSlots* slots, std::size_t count, const LionHyper
 
 GradStats grad_stats(const void* const* grads, const std::int64_t* numels, std::size_t count,
                      DType grad_dtype, float scale) {
+  MEGALITH_EXPECTS(is_optimizer_float(grad_dtype), type_error, "grad_stats: dtype ",
+                   dtype_name(grad_dtype), " is not supported: expected float32, bfloat16 or float16");
   MEGALITH_EXPECTS(count == 0 || (grads != nullptr && numels != nullptr), invalid_argument,
                    "grad_stats: grads or numels is null but count is ", count);
   std::vector<ParamSlots> slots(count);
