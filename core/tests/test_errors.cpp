@@ -26,11 +26,12 @@ TEST(out_of_memory_is_bad_alloc) {
 
 TEST(dtype_names) {
   using megalith::DType;
-  for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i8, DType::u8, DType::i32, DType::i64}) {
     CHECK(megalith::dtype_from_name(megalith::dtype_name(t)) == t);
   }
   CHECK(megalith::dtype_size(DType::bf16) == 2);
-  CHECK_THROWS(megalith::dtype_from_name("int8"), megalith::invalid_argument);
+  CHECK(megalith::dtype_size(DType::i64) == 8);
+  CHECK_THROWS(megalith::dtype_from_name("complex64"), megalith::invalid_argument);
 }
 
 MEGALITH_TEST_MAIN()
