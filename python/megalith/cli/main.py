@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import megalith
 
-SUBCOMMANDS = ("env",)
+SUBCOMMANDS = ("env", "run")
 
 
 def build_parser(prog: str = "megalith") -> argparse.ArgumentParser:

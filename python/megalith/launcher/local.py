@@ -1,0 +1,83 @@
+"""This node's ranks, started and watched by torch.distributed.run's elastic agent.
+
+The launcher hands the agent a torchrun command line (torch.distributed.run.run)
+and adds only what its failure summary needs: each rank's stderr is teed into a
+log directory (a temporary one unless --log_dir is given; kept when a rank fails
+so the summary can point at it), and console lines are prefixed with the
+global rank. Restarts, signal forwarding and tearing the group down when one
+rank dies are the agent's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megalith.launcher.report import Failure, from_child_failed, signal_name
+
+PREFIX_TEMPLATE = "[rank${rank}]:"
+
+
+@dataclass
+class Outcome:
+    failures: list[Failure] = field(default_factory=list)
+    error: str = ""  # the agent itself stopped (rendezvous failed, signal, ...)
+    code: int = 0  # exit status when error is set
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not self.error
+
+
+def _option(argv: list[str], *names: str) -> str | None:
+    """The value of the last of `names` in a torchrun argv (before the script)."""
+    value = None
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif arg.startswith(name + "="):
+                value = arg.split("=", 1)[1]
+    return value
+
+
+def with_log_options(argv: list[str], split: int) -> tuple[list[str], Path, bool]:
+    """argv with --log_dir and --tee added where the user gave none; (argv, log_dir, temp)."""
+    head, tail = argv[:split], argv[split:]
+    user_dir = _option(head, "--log_dir", "--log-dir")
+    log_dir = Path(user_dir) if user_dir else Path(tempfile.mkdtemp(prefix="megalith_run_"))
+    if not user_dir:
+        head += ["--log_dir", str(log_dir)]
+    if _option(head, "--tee", "-t", "--redirects", "-r") is None:
+        head += ["--tee", "2"]  # stderr to the console and to <log_dir>/.../stderr.log
+    return head + tail, log_dir, not user_dir
+
+
+def run_local(argv: list[str], split: int, host: str = "") -> Outcome:
+    """Runs torchrun's argv (argv[:split] its options, the rest the script and its args)."""
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    argv, log_dir, temporary = with_log_options(argv, split)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    before = set(log_dir.iterdir())
+    os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", PREFIX_TEMPLATE)
+    outcome = Outcome()
+    try:
+        torchrun.run(torchrun.parse_args(argv))
+    except ChildFailedError as exc:
+        new = sorted((d for d in log_dir.iterdir() if d not in before), key=os.path.getmtime)
+        outcome.failures = from_child_failed(exc, new[-1] if new else None, host)
+    except SignalException as exc:
+        outcome.error = f"stopped by {signal_name(int(exc.sigval))}"
+        outcome.code = 128 + int(exc.sigval)
+    except Exception as exc:  # rendezvous or agent failure: no rank to blame
+        outcome.error = f"the elastic agent failed: {type(exc).__name__}: {exc}"
+        outcome.code = 1
+    if temporary and not outcome.failures:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return outcome
