@@ -18,24 +18,24 @@ namespace megalith::cuda::detail {
 }  // namespace megalith::cuda::detail
 
 /// MEGALITH_CUDA_TRY(cudaMemsetAsync(p, 0, n, s)): throws megalith::cuda_error on failure.
-#define MEGALITH_CUDA_TRY(...)                                                          \
-  do {                                                                                  \
-    cudaError_t megalith_cuda_err_ = (__VA_ARGS__);                                     \
-    if (megalith_cuda_err_ != cudaSuccess) {                                            \
-      (void)cudaGetLastError();                                                         \
-      ::megalith::cuda::detail::throw_cuda_error(megalith_cuda_err_, #__VA_ARGS__,      \
-                                                 MEGALITH_WHERE);                       \
-    }                                                                                   \
+#define MEGALITH_CUDA_TRY(...)                                                     \
+  do {                                                                             \
+    cudaError_t megalith_cuda_err_ = (__VA_ARGS__);                                \
+    if (megalith_cuda_err_ != cudaSuccess) {                                       \
+      (void)cudaGetLastError();                                                    \
+      ::megalith::cuda::detail::throw_cuda_error(megalith_cuda_err_, #__VA_ARGS__, \
+                                                 MEGALITH_WHERE);                  \
+    }                                                                              \
   } while (0)
 
 /// After kernel<<<...>>>(...): reports a failed launch (bad configuration, too
 /// large a parameter block, no kernel image for this GPU) naming the kernel.
-#define MEGALITH_CUDA_CHECK_LAUNCH(kernel_name)                                         \
-  do {                                                                                  \
-    cudaError_t megalith_cuda_err_ = cudaGetLastError();                                \
-    if (megalith_cuda_err_ != cudaSuccess) {                                            \
-      ::megalith::cuda::detail::throw_cuda_error(                                       \
-          megalith_cuda_err_,                                                           \
-          ::megalith::detail::concat("launch of ", kernel_name).c_str(), MEGALITH_WHERE); \
-    }                                                                                   \
+#define MEGALITH_CUDA_CHECK_LAUNCH(kernel_name)                                              \
+  do {                                                                                       \
+    cudaError_t megalith_cuda_err_ = cudaGetLastError();                                     \
+    if (megalith_cuda_err_ != cudaSuccess) {                                                 \
+      ::megalith::cuda::detail::throw_cuda_error(                                            \
+          megalith_cuda_err_, ::megalith::detail::concat("launch of ", kernel_name).c_str(), \
+          MEGALITH_WHERE);                                                                   \
+    }                                                                                        \
   } while (0)

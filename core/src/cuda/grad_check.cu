@@ -44,7 +44,7 @@ struct CheckParams {
   int count;
   const float* inv_scale;  // nullptr: 1
   float* found_inf;
-  float* sum_sq;  // nullptr: not wanted
+  float* sum_sq;    // nullptr: not wanted
   bool write_back;  // unscale in place (only when inv_scale is given)
 };
 static_assert(sizeof(CheckParams) <= detail::kMaxKernelParamBytes,
@@ -53,7 +53,8 @@ static_assert(sizeof(CheckParams) <= detail::kMaxKernelParamBytes,
 __device__ __forceinline__ bool finite(float x) { return fabsf(x) <= 3.402823466e38f; }
 
 template <typename G>
-__global__ void __launch_bounds__(kThreads) grad_check_kernel(const __grid_constant__ CheckParams P) {
+__global__ void __launch_bounds__(kThreads)
+    grad_check_kernel(const __grid_constant__ CheckParams P) {
   const float inv = P.inv_scale != nullptr ? *P.inv_scale : 1.0f;
   const int t = find_tensor(P.block_end, P.count, blockIdx.x);
   const std::uint32_t first = t > 0 ? P.block_end[t - 1] : 0u;
@@ -144,16 +145,18 @@ CheckFn pick_kernel(DType grad) {
       return &grad_check_kernel<__nv_bfloat16>;
     case DType::f16:
       return &grad_check_kernel<__half>;
+    default:
+      break;
   }
-  MEGALITH_FAIL(invalid_argument, "grad_check: grad_dtype ", static_cast<int>(grad),
-                " is not a DType (expected f32, bf16 or f16)");
+  MEGALITH_FAIL(type_error, "grad_check: dtype ", dtype_name(grad),
+                " is not supported: expected float32, bfloat16 or float16");
 }
 
 }  // namespace
 
-void grad_check(void* const* grads, const std::int64_t* numels, std::size_t count,
-                DType grad_dtype, const float* inv_scale, bool unscale_in_place, float* found_inf,
-                float* sum_sq, void* stream) {
+void grad_check(void* const* grads, const std::int64_t* numels, std::size_t count, DType grad_dtype,
+                const float* inv_scale, bool unscale_in_place, float* found_inf, float* sum_sq,
+                void* stream) {
   MEGALITH_EXPECTS(count == 0 || (grads != nullptr && numels != nullptr), invalid_argument,
                    "grad_check: grads or numels is null but count is ", count);
   MEGALITH_EXPECTS(found_inf != nullptr, invalid_argument,
@@ -162,8 +165,8 @@ void grad_check(void* const* grads, const std::int64_t* numels, std::size_t coun
   for (std::size_t i = 0; i < count; ++i) {
     MEGALITH_EXPECTS(numels[i] >= 0, invalid_argument, "grad_check: numel of buffer ", i, " is ",
                      numels[i], "; expected >= 0");
-    MEGALITH_EXPECTS(numels[i] == 0 || grads[i] != nullptr, invalid_argument,
-                     "grad_check: buffer ", i, " is null");
+    MEGALITH_EXPECTS(numels[i] == 0 || grads[i] != nullptr, invalid_argument, "grad_check: buffer ",
+                     i, " is null");
   }
   const CheckFn kernel = pick_kernel(grad_dtype);
   const std::size_t gsize = dtype_size(grad_dtype);
@@ -183,10 +186,11 @@ void grad_check(void* const* grads, const std::int64_t* numels, std::size_t coun
       },
       [&](int tensors, std::uint64_t blocks) {
         P.count = tensors;
-        kernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(P);
-        MEGALITH_CUDA_CHECK_LAUNCH(::megalith::detail::concat(
-            "grad_check kernel (", dtype_name(grad_dtype), ", ", tensors, " tensors, ", blocks,
-            " blocks)"));
+        kernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+            P);
+        MEGALITH_CUDA_CHECK_LAUNCH(::megalith::detail::concat("grad_check kernel (",
+                                                              dtype_name(grad_dtype), ", ", tensors,
+                                                              " tensors, ", blocks, " blocks)"));
       });
 }
 

@@ -99,8 +99,7 @@ __device__ __forceinline__ void load4_16bit(const void* base, int i, float (&out
 }
 
 __device__ __forceinline__ void load4(const __nv_bfloat16* base, int i, float (&out)[4]) {
-  load4_16bit<__nv_bfloat162>(base, i, out,
-                              [](__nv_bfloat162 v) { return __bfloat1622float2(v); });
+  load4_16bit<__nv_bfloat162>(base, i, out, [](__nv_bfloat162 v) { return __bfloat1622float2(v); });
 }
 __device__ __forceinline__ void load4(const __half* base, int i, float (&out)[4]) {
   load4_16bit<__half2>(base, i, out, [](__half2 v) { return __half22float2(v); });
@@ -139,16 +138,15 @@ inline bool aligned(const void* p, std::size_t bytes) {
 /// group and the group's inclusive block count so far; after each group,
 /// launch(tensors, blocks). Empty buffers are skipped.
 template <class NumelOf, class Add, class Launch>
-void plan_groups(std::size_t count, std::int64_t chunk, NumelOf numel_of, Add add,
-                 Launch launch) {
+void plan_groups(std::size_t count, std::int64_t chunk, NumelOf numel_of, Add add, Launch launch) {
   int tensors = 0;
   std::uint64_t blocks = 0;
   for (std::size_t i = 0; i < count; ++i) {
     const std::int64_t numel = numel_of(i);
     if (numel <= 0) continue;
     const std::uint64_t b = (static_cast<std::uint64_t>(numel) + chunk - 1) / chunk;
-    MEGALITH_EXPECTS(b <= kMaxBlocksPerLaunch, ::megalith::invalid_argument, "buffer ", i,
-                     " has ", numel, " elements; one launch handles at most ",
+    MEGALITH_EXPECTS(b <= kMaxBlocksPerLaunch, ::megalith::invalid_argument, "buffer ", i, " has ",
+                     numel, " elements; one launch handles at most ",
                      kMaxBlocksPerLaunch * static_cast<std::uint64_t>(chunk));
     if (tensors == kMaxTensors || blocks + b > kMaxBlocksPerLaunch) {
       launch(tensors, blocks);

@@ -26,8 +26,7 @@ namespace megalith::optim::cuda {
 
 namespace {
 [[noreturn]] void compiled_out(const char* what) {
-  MEGALITH_FAIL(::megalith::error, what, ": CUDA kernels are ",
-                ::megalith::cuda::status());
+  MEGALITH_FAIL(::megalith::error, what, ": CUDA kernels are ", ::megalith::cuda::status());
 }
 }  // namespace
 

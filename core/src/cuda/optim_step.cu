@@ -278,9 +278,11 @@ KernelFn<Op> pick_copy(DType copy) {
       return &step_kernel<Op, G, __nv_bfloat16>;
     case DType::f16:
       return &step_kernel<Op, G, __half>;
+    default:
+      break;
   }
-  MEGALITH_FAIL(invalid_argument, "StepArgs::copy_dtype ", static_cast<int>(copy),
-                " is not a DType (expected f32, bf16 or f16)");
+  MEGALITH_FAIL(type_error, "param copy dtype ", dtype_name(copy),
+                " is not supported: expected float32, bfloat16 or float16");
 }
 
 template <class Op>
@@ -292,15 +294,23 @@ KernelFn<Op> pick_kernel(DType grad, DType copy) {
       return pick_copy<Op, __nv_bfloat16>(copy);
     case DType::f16:
       return pick_copy<Op, __half>(copy);
+    default:
+      break;
   }
-  MEGALITH_FAIL(invalid_argument, "StepArgs::grad_dtype ", static_cast<int>(grad),
-                " is not a DType (expected f32, bf16 or f16)");
+  MEGALITH_FAIL(type_error, "grad dtype ", dtype_name(grad),
+                " is not supported: expected float32, bfloat16 or float16");
 }
 
 void check_common(const char* optimizer, const ParamSlots* slots, std::size_t count,
                   const StepArgs& args, const DeviceScalars& dev) {
   MEGALITH_EXPECTS(count == 0 || slots != nullptr, invalid_argument, optimizer,
                    ": slots is null but count is ", count);
+  MEGALITH_EXPECTS(is_optimizer_float(args.grad_dtype), type_error, optimizer, ": grad dtype ",
+                   dtype_name(args.grad_dtype),
+                   " is not supported: expected float32, bfloat16 or float16");
+  MEGALITH_EXPECTS(is_optimizer_float(args.copy_dtype), type_error, optimizer,
+                   ": param copy dtype ", dtype_name(args.copy_dtype),
+                   " is not supported: expected float32, bfloat16 or float16");
   MEGALITH_EXPECTS(args.nonfinite == NonFinite::ignore, invalid_argument, optimizer,
                    ": StepArgs::nonfinite must be ignore for the CUDA step (a host-side check "
                    "would need a device sync); run grad_check() first and pass its flag as "
@@ -315,11 +325,10 @@ void check_common(const char* optimizer, const ParamSlots* slots, std::size_t co
 
 void check_slot(const char* optimizer, const ParamSlots& s, std::size_t i, int states_needed,
                 const char* const* state_names) {
-  MEGALITH_EXPECTS(s.numel >= 0, invalid_argument, optimizer, " slot ", i, ": numel is ",
-                   s.numel, "; expected >= 0");
+  MEGALITH_EXPECTS(s.numel >= 0, invalid_argument, optimizer, " slot ", i, ": numel is ", s.numel,
+                   "; expected >= 0");
   if (s.numel == 0) return;  // nothing is read or written
-  MEGALITH_EXPECTS(s.param != nullptr, invalid_argument, optimizer, " slot ", i,
-                   ": param is null");
+  MEGALITH_EXPECTS(s.param != nullptr, invalid_argument, optimizer, " slot ", i, ": param is null");
   MEGALITH_EXPECTS(s.grad != nullptr, invalid_argument, optimizer, " slot ", i, ": grad is null");
   for (int k = 0; k < states_needed; ++k) {
     MEGALITH_EXPECTS(s.state[k] != nullptr, invalid_argument, optimizer, " slot ", i, ": ",
@@ -328,9 +337,8 @@ void check_slot(const char* optimizer, const ParamSlots& s, std::size_t i, int s
 }
 
 template <class Op>
-void launch_step(const char* name, const ParamSlots* slots, std::size_t count,
-                 const StepArgs& args, const DeviceScalars& dev, bool maximize, const Op& op,
-                 void* stream) {
+void launch_step(const char* name, const ParamSlots* slots, std::size_t count, const StepArgs& args,
+                 const DeviceScalars& dev, bool maximize, const Op& op, void* stream) {
   const KernelFn<Op> kernel = pick_kernel<Op>(args.grad_dtype, args.copy_dtype);
   const std::size_t gsize = dtype_size(args.grad_dtype);
   const std::size_t csize = dtype_size(args.copy_dtype);
@@ -374,8 +382,8 @@ void launch_step(const char* name, const ParamSlots* slots, std::size_t count,
 
 }  // namespace
 
-void adam_step(const ParamSlots* slots, std::size_t count, const AdamHyper& h,
-               const StepArgs& args, const DeviceScalars& dev, void* stream) {
+void adam_step(const ParamSlots* slots, std::size_t count, const AdamHyper& h, const StepArgs& args,
+               const DeviceScalars& dev, void* stream) {
   static const char* const names[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
   check_common("Adam", slots, count, args, dev);
   for (std::size_t i = 0; i < count; ++i) check_slot("Adam", slots[i], i, h.amsgrad ? 3 : 2, names);
@@ -406,8 +414,8 @@ void adam_step(const ParamSlots* slots, std::size_t count, const AdamHyper& h,
   }
 }
 
-void sgd_step(const ParamSlots* slots, std::size_t count, const SgdHyper& h,
-              const StepArgs& args, const DeviceScalars& dev, void* stream) {
+void sgd_step(const ParamSlots* slots, std::size_t count, const SgdHyper& h, const StepArgs& args,
+              const DeviceScalars& dev, void* stream) {
   static const char* const names[] = {"momentum_buffer"};
   check_common("SGD", slots, count, args, dev);
   MEGALITH_EXPECTS(!h.nesterov || (h.momentum > 0 && h.dampening == 0), invalid_argument,
@@ -436,8 +444,8 @@ void sgd_step(const ParamSlots* slots, std::size_t count, const SgdHyper& h,
   }
 }
 
-void lion_step(const ParamSlots* slots, std::size_t count, const LionHyper& h,
-               const StepArgs& args, const DeviceScalars& dev, void* stream) {
+void lion_step(const ParamSlots* slots, std::size_t count, const LionHyper& h, const StepArgs& args,
+               const DeviceScalars& dev, void* stream) {
   static const char* const names[] = {"exp_avg"};
   check_common("Lion", slots, count, args, dev);
   for (std::size_t i = 0; i < count; ++i) check_slot("Lion", slots[i], i, 1, names);
