@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +22,9 @@ from megalith.cli.main import build_parser, main
 from megalith.cli.run import plan_launch
 from megalith.launcher.hostfile import LaunchError, filter_hosts, parse_hostfile_text, plan_nodes
 from megalith.launcher.report import Failure, first_failure, summary
+
+# Every test has a hard limit; the end-to-end ones a larger one (45 s run + teardown).
+pytestmark = pytest.mark.timeout(60)
 
 WORKER = """
 import os, sys, torch, torch.distributed as dist
@@ -54,16 +58,30 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def megalith_run(*args: str, cwd: Path, env: dict | None = None, timeout: float = 60):
+def megalith_run(*args: str, cwd: Path, env: dict | None = None, timeout: float = 45):
+    """Runs `megalith run` in its own process group; on a hang, SIGTERM to the group (the
+    agents tear their ranks down), then SIGKILL, and the test fails with the output."""
     start = time.monotonic()
-    result = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "megalith", "run", *args],
         cwd=cwd,
         env={**os.environ, **(env or {})},
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
+        start_new_session=True,
     )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        pytest.fail(f"megalith run {' '.join(args)} hung for {timeout} s:\n{out}\n{err}")
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     return result, time.monotonic() - start
 
 
@@ -88,7 +106,7 @@ def job(tmp_path: Path) -> Path:
 # -- end to end ------------------------------------------------------------------
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(75)
 def test_two_ranks_on_one_node(job: Path):
     result, _ = megalith_run("--nproc_per_node", "2", "worker.py", "out", cwd=job)
     assert result.returncode == 0, result.stderr
@@ -99,7 +117,7 @@ def test_two_ranks_on_one_node(job: Path):
         assert addr
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(75)
 def test_failing_rank_is_named_last(job: Path):
     result, elapsed = megalith_run("--nproc-per-node=2", "failing.py", "1", cwd=job)
     assert result.returncode == 3, result.stderr
@@ -110,7 +128,7 @@ def test_failing_rank_is_named_last(job: Path):
     assert "then rank 0" in result.stderr
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(75)
 def test_two_hosts_through_replaced_ssh(job: Path):
     port = str(free_port())
     env = {"MEGALITH_SSH": str(job / "fake_ssh.sh"), "NCCL_DEBUG": "WARN"}
@@ -122,7 +140,7 @@ def test_two_hosts_through_replaced_ssh(job: Path):
     assert (job / "fake_ssh.sh.hosts").read_text().split() == ["127.0.0.1"]  # node 0 ran here
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(75)
 def test_failure_on_another_host_is_named(job: Path):
     env = {"MEGALITH_SSH": str(job / "fake_ssh.sh")}
     args = ("--hostfile", "hosts", "--master_port", str(free_port()), "failing.py", "1")
@@ -173,6 +191,36 @@ def test_include_exclude_both_forms():
 
 def parse(*argv: str):
     return build_parser().parse_args(["run", *argv])
+
+
+def test_torchrun_flags_reach_torchrun(tmp_path: Path):
+    import torch.distributed.run as torchrun
+
+    args = parse(
+        *("--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv_endpoint", "h:1"),
+        *("--rdzv-id", "job", "--max-restarts", "2", "--monitor_interval", "0.5", "--standalone"),
+        *("--nnodes", "1:2", "--no-python", "./train.sh", "--nproc_per_node", "9"),
+    )
+    (launch,) = plan_launch(args, cwd=str(tmp_path))
+    assert launch.command is None
+    ns = torchrun.parse_args(launch.run_args)
+    assert (ns.nproc_per_node, ns.nnodes, ns.rdzv_backend, ns.rdzv_endpoint) == (
+        "2",
+        "1:2",
+        "c10d",
+        "h:1",
+    )
+    assert (ns.rdzv_id, ns.max_restarts, ns.monitor_interval) == ("job", 2, 0.5)
+    assert ns.standalone and ns.no_python and not ns.module
+    assert (ns.training_script, ns.training_script_args) == (
+        "./train.sh",
+        ["--nproc_per_node", "9"],
+    )
+    ns = torchrun.parse_args(plan_launch(parse("-m", "pkg.train", "--lr", "1"))[0].run_args)
+    assert ns.module and (ns.training_script, ns.training_script_args) == (
+        "pkg.train",
+        ["--lr", "1"],
+    )
 
 
 def test_hostfile_to_per_host_commands(tmp_path: Path):

@@ -11,7 +11,9 @@ after those that did not:
    communicator, a timeout): the rank was waiting on the one that died;
 then by the agent's timestamp (capture order), then by the last write to the
 rank's stderr (a rank that printed its error and exited wrote before the
-survivors printed theirs).
+survivors printed theirs). That last key counts only for ranks that exited
+with a code of their own and wrote something: the log of a rank killed by a
+signal says nothing about when it died, so such a rank comes after them.
 """
 
 from __future__ import annotations
@@ -112,7 +114,9 @@ def from_child_failed(exc: Any, run_dir: Path | None, host: str = "") -> list[Fa
     failures = []
     for rank, pf in exc.failures.items():
         stderr = stderr_log(run_dir, pf.local_rank) if run_dir else None
-        mtime = stderr.stat().st_mtime if stderr and stderr.exists() else float("inf")
+        mtime = float("inf")
+        if stderr and stderr.exists() and stderr.stat().st_size and pf.exitcode > 0:
+            mtime = stderr.stat().st_mtime  # see [Note: first failure]
         failures.append(
             Failure(
                 rank=int(rank),
@@ -166,7 +170,9 @@ def summary(failures: list[Failure]) -> list[str]:
         lines.extend(f"    {line}" for line in first.tail)
     others = sorted((f for f in failures if f is not first), key=lambda f: f.rank)
     for f in others:
-        cause = "stopped by the launcher" if f.stopped_by_agent() else f.error()
+        cause = f.error()
+        if f.stopped_by_agent():
+            cause = "stopped by the launcher" + (f"; its last line: {cause}" if f.tail else "")
         lines.append(f"{PREFIX} then rank {f.rank} ({_where(f)}) exit code {f.exitcode}: {cause}")
     how = "exit code" if first.exitcode >= 0 else "exit code (signal)"
     lines.append(

@@ -10,6 +10,11 @@ MEGALITH_SSH or --ssh (default "ssh -o BatchMode=yes"); it is called as
 A remote node prints its failures as one MARKER line on stderr (see
 report.encode); the forwarding threads here keep those lines and pass every
 other line through to this terminal.
+
+Stopping a node stops its ssh client. Whether that stops the job on the remote
+host is ssh's business: with a tty (--ssh "ssh -tt") sshd hangs the remote
+command up; without one the remote ranks stop when their collectives lose the
+ranks that did stop, as after any other failure.
 """
 
 from __future__ import annotations
@@ -133,8 +138,8 @@ class NodeProcesses:
                     continue
                 if line.strip():
                     self.last_line[host] = line.strip()
-            sink.write(line + "\n")
-            sink.flush()
+                sink.write(line + "\n")  # under the lock: whole lines, never interleaved
+                sink.flush()
 
     def running(self) -> bool:
         return any(proc.poll() is None for proc in self.procs.values())
