@@ -5,4 +5,5 @@
 namespace megalith::bindings {
 void bind_info(nanobind::module_& m);
 void bind_optim(nanobind::module_& m);
+void bind_comm(nanobind::module_& m);
 }  // namespace megalith::bindings

@@ -16,6 +16,13 @@ std::optional<DType> dtype_of(const nb::ndarray<>& a) {
   if (t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && t.bits == 32) return DType::f32;
   if (t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && t.bits == 16) return DType::f16;
   if (t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) && t.bits == 16) return DType::bf16;
+  if (t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && t.bits == 64) return DType::f64;
+  if (t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Int)) {
+    if (t.bits == 8) return DType::i8;
+    if (t.bits == 32) return DType::i32;
+    if (t.bits == 64) return DType::i64;
+  }
+  if (t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt) && t.bits == 8) return DType::u8;
   return std::nullopt;
 }
 

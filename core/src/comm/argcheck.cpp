@@ -13,11 +13,16 @@ namespace megalith::comm {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::avg: return "avg";
-    case ReduceOp::min: return "min";
-    case ReduceOp::max: return "max";
-    case ReduceOp::prod: return "prod";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::avg:
+      return "avg";
+    case ReduceOp::min:
+      return "min";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::prod:
+      return "prod";
   }
   return "unknown";
 }
@@ -35,8 +40,8 @@ ReduceOp reduce_op_from_name(const std::string& name) {
 namespace argcheck {
 
 void buffer(const char* op, const char* arg, const void* ptr, std::int64_t count) {
-  MEGALITH_EXPECTS(count >= 0, invalid_argument, op, ": ", arg, ": element count must be >= 0, got ",
-                   count);
+  MEGALITH_EXPECTS(count >= 0, invalid_argument, op, ": ", arg,
+                   ": element count must be >= 0, got ", count);
   MEGALITH_EXPECTS(ptr != nullptr || count == 0, invalid_argument, op, ": ", arg,
                    " is a null pointer but holds ", count,
                    " elements (a non-empty buffer needs device memory)");
@@ -79,8 +84,8 @@ void init(std::size_t unique_id_bytes, int world_size, int rank_, int device, do
                    world_size);
   MEGALITH_EXPECTS(rank_ >= 0 && rank_ < world_size, invalid_argument, op, ": rank ", rank_,
                    " is outside 0..", world_size - 1, " (world_size ", world_size, ")");
-  MEGALITH_EXPECTS(device >= 0, invalid_argument, op, ": device must be a CUDA device index >= 0, got ",
-                   device);
+  MEGALITH_EXPECTS(device >= 0, invalid_argument, op,
+                   ": device must be a CUDA device index >= 0, got ", device);
   MEGALITH_EXPECTS(timeout_s > 0.0, invalid_argument, op, ": timeout_s must be > 0, got ",
                    timeout_s);
 }

@@ -18,25 +18,38 @@ using WorkPtr = Communicator::WorkPtr;
 
 nccl::DataType to_nccl(DType t) {
   switch (t) {
-    case DType::f32: return nccl::float32;
-    case DType::f16: return nccl::float16;
-    case DType::bf16: return nccl::bfloat16;
-    case DType::f64: return nccl::float64;
-    case DType::i8: return nccl::int8;
-    case DType::u8: return nccl::uint8;
-    case DType::i32: return nccl::int32;
-    case DType::i64: return nccl::int64;
+    case DType::f32:
+      return nccl::float32;
+    case DType::f16:
+      return nccl::float16;
+    case DType::bf16:
+      return nccl::bfloat16;
+    case DType::f64:
+      return nccl::float64;
+    case DType::i8:
+      return nccl::int8;
+    case DType::u8:
+      return nccl::uint8;
+    case DType::i32:
+      return nccl::int32;
+    case DType::i64:
+      return nccl::int64;
   }
   MEGALITH_FAIL(invalid_argument, "dtype ", static_cast<int>(t), " has no NCCL type");
 }
 
 nccl::RedOp to_nccl(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return nccl::sum;
-    case ReduceOp::avg: return nccl::avg;
-    case ReduceOp::min: return nccl::min;
-    case ReduceOp::max: return nccl::max;
-    case ReduceOp::prod: return nccl::prod;
+    case ReduceOp::sum:
+      return nccl::sum;
+    case ReduceOp::avg:
+      return nccl::avg;
+    case ReduceOp::min:
+      return nccl::min;
+    case ReduceOp::max:
+      return nccl::max;
+    case ReduceOp::prod:
+      return nccl::prod;
   }
   MEGALITH_FAIL(invalid_argument, "op ", static_cast<int>(op), " is not an NCCL reduction");
 }
@@ -88,16 +101,15 @@ WorkPtr Communicator::reduce_scatter(const void* send, void* recv, std::int64_t 
   argcheck::buffer("reduce_scatter", "send", send, recv_count * size());
   argcheck::reduction("reduce_scatter", op, dtype);
   const nccl::Api& api = *impl_->state->api;
-  return impl_->issue({"reduce_scatter", recv_count, dtype}, stream,
-                      [&](nccl::Comm c, nccl::Stream st) {
-                        if (recv_count == 0) return nccl::success;
-                        return api.ReduceScatter(send, recv, recv_count, to_nccl(dtype),
-                                                 to_nccl(op), c, st);
-                      });
+  return impl_->issue(
+      {"reduce_scatter", recv_count, dtype}, stream, [&](nccl::Comm c, nccl::Stream st) {
+        if (recv_count == 0) return nccl::success;
+        return api.ReduceScatter(send, recv, recv_count, to_nccl(dtype), to_nccl(op), c, st);
+      });
 }
 
-WorkPtr Communicator::all_gather(const void* send, void* recv, std::int64_t send_count,
-                                 DType dtype, void* stream) {
+WorkPtr Communicator::all_gather(const void* send, void* recv, std::int64_t send_count, DType dtype,
+                                 void* stream) {
   argcheck::buffer("all_gather", "send", send, send_count);
   argcheck::buffer("all_gather", "recv", recv, send_count * size());
   const nccl::Api& api = *impl_->state->api;
@@ -172,12 +184,11 @@ WorkPtr Communicator::all_to_all(const void* send, void* recv, std::int64_t coun
   for (int r = 0; r < size(); ++r) displs[r] = count_per_rank * r;
   const nccl::Api& api = *impl_->state->api;
   const int n = size();
-  return impl_->issue({"all_to_all", count_per_rank * n, dtype}, stream,
-                      [&](nccl::Comm c, nccl::Stream st) {
-                        if (count_per_rank == 0) return nccl::success;
-                        return exchange(api, c, st, n, send, counts, displs, recv, counts, displs,
-                                        dtype);
-                      });
+  return impl_->issue(
+      {"all_to_all", count_per_rank * n, dtype}, stream, [&](nccl::Comm c, nccl::Stream st) {
+        if (count_per_rank == 0) return nccl::success;
+        return exchange(api, c, st, n, send, counts, displs, recv, counts, displs, dtype);
+      });
 }
 
 WorkPtr Communicator::all_to_allv(const void* send, const std::vector<std::int64_t>& send_counts,

@@ -100,7 +100,8 @@ std::string CommState::timeout_text(const OpInfo& info, double waited) const {
 }
 
 std::string CommState::async_text(nccl::Result r, const OpInfo* oldest, double waited) const {
-  std::string out = "megalith NCCL: communicator " + label() + ") failed: " + nccl::explain(*api, r);
+  std::string out =
+      "megalith NCCL: communicator " + label() + ") failed: " + nccl::explain(*api, r);
   if (oldest) {
     out += ", while " + describe(*oldest) + " was outstanding for " + seconds(waited);
   } else {

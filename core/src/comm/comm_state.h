@@ -25,8 +25,8 @@ struct OpInfo {
   const char* op = "";
   std::int64_t count = 0;
   DType dtype = DType::f32;
-  int peer = -1;        // send/recv peer, broadcast/reduce root; -1: none
-  int group_ops = -1;   // group_end: how many operations the group held; -1: not a group
+  int peer = -1;       // send/recv peer, broadcast/reduce root; -1: none
+  int group_ops = -1;  // group_end: how many operations the group held; -1: not a group
 };
 
 /// Sets the current CUDA device for a scope and restores the previous one.

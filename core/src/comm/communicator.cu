@@ -70,8 +70,9 @@ nccl::Comm init_nccl(const detail::CommState& s, const std::vector<std::uint8_t>
   }
   if (r != nccl::success) {
     if (c) (void)api.CommAbort(c);
-    MEGALITH_FAIL(error, "megalith NCCL: creating ", init_context(s), " failed: ",
-                  nccl::explain(api, r), " (", kInitHint, "; NCCL_DEBUG=WARN shows NCCL's reason)");
+    MEGALITH_FAIL(error, "megalith NCCL: creating ", init_context(s),
+                  " failed: ", nccl::explain(api, r), " (", kInitHint,
+                  "; NCCL_DEBUG=WARN shows NCCL's reason)");
   }
   return c;
 }
@@ -135,7 +136,8 @@ Communicator::~Communicator() {
            unfinished + "); NCCL aborted.");
   } else if (nccl::Comm c = s.comm.exchange(nullptr)) {
     int previous = -1;
-    if (cudaGetDevice(&previous) == cudaSuccess && previous != s.device) (void)cudaSetDevice(s.device);
+    if (cudaGetDevice(&previous) == cudaSuccess && previous != s.device)
+      (void)cudaSetDevice(s.device);
     (void)s.api->CommDestroy(c);
     if (previous >= 0 && previous != s.device) (void)cudaSetDevice(previous);
   }

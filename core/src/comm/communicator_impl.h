@@ -16,7 +16,7 @@ struct Communicator::Impl {
   std::shared_ptr<detail::CommState> state;
   std::shared_ptr<detail::EventPool> pool;
   std::unique_ptr<detail::Watchdog> watchdog;
-  int group_depth = 0;            // group_start() minus group_end() calls
+  int group_depth = 0;             // group_start() minus group_end() calls
   void* barrier_buffer = nullptr;  // one float on the device, for barrier()
 
   /// Issues one operation: launch(comm, stream) -> nccl::Result makes the NCCL
@@ -29,9 +29,8 @@ struct Communicator::Impl {
     detail::DeviceGuard guard(s.device);
     const auto since = detail::Clock::now();
     auto work = std::make_shared<detail::NcclWork>(state, pool, info, stream);
-    nccl::Result r = s.call(info, [&](nccl::Comm c) {
-      return launch(c, static_cast<nccl::Stream>(stream));
-    });
+    nccl::Result r =
+        s.call(info, [&](nccl::Comm c) { return launch(c, static_cast<nccl::Stream>(stream)); });
     // In non-blocking mode the launch may still be in progress: wait for it
     // before recording the event, or the event would precede the kernel.
     s.check(r, info, since, group_depth == 0);

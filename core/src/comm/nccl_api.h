@@ -62,7 +62,8 @@ struct Api {
   Result (*GetVersion)(int*) = nullptr;
   Result (*GetUniqueId)(UniqueId*) = nullptr;
   Result (*CommInitRank)(Comm*, int, UniqueId, int) = nullptr;
-  Result (*CommInitRankConfig)(Comm*, int, UniqueId, int, ConfigV214*) = nullptr;  // optional (2.14)
+  Result (*CommInitRankConfig)(Comm*, int, UniqueId, int,
+                               ConfigV214*) = nullptr;  // optional (2.14)
   Result (*CommAbort)(Comm) = nullptr;
   Result (*CommDestroy)(Comm) = nullptr;
   Result (*CommGetAsyncError)(Comm, Result*) = nullptr;

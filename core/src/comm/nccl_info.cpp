@@ -26,8 +26,9 @@ std::vector<std::uint8_t> unique_id() {
   nccl::UniqueId id{};
   nccl::Result r = api.GetUniqueId(&id);
   if (r != nccl::success) {
-    MEGALITH_FAIL(error, "megalith NCCL: ncclGetUniqueId failed: ", nccl::explain(api, r),
-                  " (it needs a usable network interface for NCCL's bootstrap; see NCCL_SOCKET_IFNAME)");
+    MEGALITH_FAIL(
+        error, "megalith NCCL: ncclGetUniqueId failed: ", nccl::explain(api, r),
+        " (it needs a usable network interface for NCCL's bootstrap; see NCCL_SOCKET_IFNAME)");
   }
   std::vector<std::uint8_t> out(sizeof(id.internal));
   std::memcpy(out.data(), id.internal, out.size());

@@ -124,10 +124,10 @@ NcclProbe try_candidates(const std::vector<std::string>& candidates, nccl::Api* 
     }
     tried += "\n  - " + c + ": " + why;
   }
-  probe.error =
-      "megalith NCCL: could not load " + std::string(kSoname) + ". Tried, in order:" + tried +
-      "\nInstall it with `pip install nvidia-nccl-cu13` (megalith_comm finds the wheel's "
-      "library by itself), or set MEGALITH_NCCL_PATH to libnccl.so.2 or its directory.";
+  probe.error = "megalith NCCL: could not load " + std::string(kSoname) +
+                ". Tried, in order:" + tried +
+                "\nInstall it with `pip install nvidia-nccl-cu13` (megalith_comm finds the wheel's "
+                "library by itself), or set MEGALITH_NCCL_PATH to libnccl.so.2 or its directory.";
   return probe;
 }
 
@@ -212,15 +212,24 @@ const Api& api() {
 
 const char* result_name(Result r) {
   switch (r) {
-    case success: return "ncclSuccess";
-    case unhandled_cuda_error: return "ncclUnhandledCudaError";
-    case system_error: return "ncclSystemError";
-    case internal_error: return "ncclInternalError";
-    case invalid_argument: return "ncclInvalidArgument";
-    case invalid_usage: return "ncclInvalidUsage";
-    case remote_error: return "ncclRemoteError";
-    case in_progress: return "ncclInProgress";
-    case timeout: return "ncclTimeout";
+    case success:
+      return "ncclSuccess";
+    case unhandled_cuda_error:
+      return "ncclUnhandledCudaError";
+    case system_error:
+      return "ncclSystemError";
+    case internal_error:
+      return "ncclInternalError";
+    case invalid_argument:
+      return "ncclInvalidArgument";
+    case invalid_usage:
+      return "ncclInvalidUsage";
+    case remote_error:
+      return "ncclRemoteError";
+    case in_progress:
+      return "ncclInProgress";
+    case timeout:
+      return "ncclTimeout";
   }
   return "ncclResult(unknown)";
 }

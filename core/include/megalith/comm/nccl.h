@@ -35,9 +35,9 @@ MEGALITH_API std::vector<std::string> nccl_search_candidates();
 /// What trying a list of candidates found. Used by the loader and by tests.
 struct NcclProbe {
   bool ok = false;
-  std::string path;     // the candidate that loaded (when ok)
-  int version_code = 0; // ncclGetVersion() of that library (when ok)
-  std::string error;    // every candidate with why it failed, and the fix (when !ok)
+  std::string path;      // the candidate that loaded (when ok)
+  int version_code = 0;  // ncclGetVersion() of that library (when ok)
+  std::string error;     // every candidate with why it failed, and the fix (when !ok)
 };
 
 /// Tries each candidate (dlopen + every required symbol + version check) and
