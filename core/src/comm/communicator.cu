@@ -107,9 +107,31 @@ Communicator::Communicator(const std::vector<std::uint8_t>& unique_id, int world
   impl_->watchdog = std::make_unique<detail::Watchdog>(state);
 }
 
+namespace {
+
+/// Waits (the watchdog still running) until every issued op finished or the
+/// communicator failed; a peer that never comes ends it at timeout_s.
+void drain(detail::CommState& s) {
+  for (int iteration = 0; !s.failed.load(); detail::backoff(iteration)) {
+    std::lock_guard<std::mutex> lock(s.works_mu);
+    bool all_done = true;
+    for (auto& w : s.outstanding) {
+      try {
+        all_done = all_done && w->query();
+      } catch (...) {
+        return;  // a CUDA error: the check below aborts
+      }
+    }
+    if (all_done) return;
+  }
+}
+
+}  // namespace
+
 Communicator::~Communicator() {
   if (!impl_) return;
   detail::CommState& s = *impl_->state;
+  drain(s);                 // operations issued but not waited for still finish
   impl_->watchdog.reset();  // joins the thread
 
   std::string unfinished;
@@ -131,7 +153,7 @@ Communicator::~Communicator() {
     }
   }
   if (!unfinished.empty()) {
-    // Destroying would wait for peers that may never come: abort instead.
+    // (failed, or a group never ended) Destroying would wait for peers that may never come.
     s.fail("megalith NCCL: communicator " + s.label() + ") was destroyed with unfinished work (" +
            unfinished + "); NCCL aborted.");
   } else if (nccl::Comm c = s.comm.exchange(nullptr)) {

@@ -54,7 +54,12 @@ struct ConfigV214 {
   unsigned int magic = 0xcafebeef;  // NCCL_API_MAGIC
   unsigned int version = 21400;     // NCCL_VERSION(2, 14, 0)
   int blocking = -2147483647 - 1;   // NCCL_CONFIG_UNDEF_INT
+  // NCCL copies `size` bytes: this field fills what would be padding, so no
+  // uninitialised byte reaches it (NCCL >= 2.17 reads it as cgaClusterSize; undefined = its
+  // default).
+  int cga_cluster_size = -2147483647 - 1;
 };
+static_assert(sizeof(ConfigV214) == 24, "ncclConfig_t prefix: size, magic, version, two ints");
 
 /// Entry points resolved from the loaded library. The optional ones may be
 /// nullptr (older NCCL); every other one is present once the table is handed out.

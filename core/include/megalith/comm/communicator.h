@@ -33,7 +33,9 @@ class MEGALITH_API Communicator {
   /// joined, or throws after options.timeout_s.
   Communicator(const std::vector<std::uint8_t>& unique_id, int world_size, int rank, int device,
                Options options = {});
-  ~Communicator();  // joins the watchdog; frees NCCL (aborts it when work is unfinished)
+  /// Lets issued operations finish (bounded by timeout_s through the watchdog), joins
+  /// the watchdog and frees NCCL; aborts it instead when the communicator failed.
+  ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
