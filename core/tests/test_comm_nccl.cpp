@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -119,20 +120,32 @@ TEST(every_op_at_world_size_one) {
   CHECK(!comm.error().has_value());
 }
 
+namespace {
+void CUDART_CB pause_20ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }
+}  // namespace
+
 TEST(order_on_a_side_stream_and_wait_on_another) {
   require_gpu_and_nccl();
   mc::Communicator comm = make_comm("streams");
   const std::size_t n = 1 << 20;
   DeviceFloats a(n);
+  cudaMemset(a.ptr, 0, n * sizeof(float));
+  cudaDeviceSynchronize();
   cudaStream_t side = nullptr;
   CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess);
-  cudaMemsetAsync(a.ptr, 0, n * sizeof(float), side);  // fill on the side stream, then reduce there
+  // A slow fill on the side stream, then the all_reduce there: it must see the fill.
+  cudaLaunchHostFunc(side, pause_20ms, nullptr);
+  cudaMemsetAsync(a.ptr, 0x3f, n * sizeof(float), side);
   auto w = comm.all_reduce(a.ptr, a.ptr, n, DType::f32, mc::ReduceOp::sum, side);
-  w->wait(nullptr);  // the default stream now waits for the all_reduce
+  w->wait(nullptr);  // the default stream now waits for the all_reduce, the host does not
   std::vector<float> host(n, 1.0f);
   cudaMemcpyAsync(host.data(), a.ptr, n * sizeof(float), cudaMemcpyDeviceToHost, nullptr);
   cudaStreamSynchronize(nullptr);
-  CHECK(host[0] == 0.0f && host[n - 1] == 0.0f);
+  float filled = 0.0f;
+  const std::uint32_t bits = 0x3f3f3f3fu;
+  std::memcpy(&filled, &bits, sizeof(filled));
+  CHECK(host[0] == filled && host[n - 1] == filled);
+  CHECK(w->is_completed());
   cudaStreamDestroy(side);
 }
 

@@ -18,7 +18,9 @@
 // time queued behind earlier work on its stream; keep it well above a step.
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "comm_state.h"
 #include "watchdog.h"
@@ -30,16 +32,45 @@ std::chrono::milliseconds Watchdog::interval(double timeout_s) {
   return std::chrono::milliseconds(std::clamp<long long>(quarter, 1, 50));
 }
 
+namespace {
+
+// Live watchdogs, stopped by an atexit handler (registered after CUDA was
+// initialised, so it runs before the runtime's own teardown).
+std::mutex g_live_mu;
+std::vector<Watchdog*>* g_live = nullptr;  // never freed: used during exit
+
+void stop_all_at_exit() {
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  for (Watchdog* w : *g_live) w->stop();
+}
+
+}  // namespace
+
 Watchdog::Watchdog(std::shared_ptr<CommState> state)
-    : state_(std::move(state)), thread_([this] { run(); }) {}
+    : state_(std::move(state)), thread_([this] { run(); }) {
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  if (!g_live) {
+    g_live = new std::vector<Watchdog*>();
+    std::atexit(stop_all_at_exit);
+  }
+  g_live->push_back(this);
+}
 
 Watchdog::~Watchdog() {
+  {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    g_live->erase(std::remove(g_live->begin(), g_live->end(), this), g_live->end());
+  }
+  stop();
+}
+
+void Watchdog::stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
 void Watchdog::run() {

@@ -18,6 +18,11 @@ class Watchdog {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
+  /// Stops and joins the thread (idempotent). Also run for every live watchdog
+  /// at process exit, before the CUDA runtime tears down, for communicators
+  /// that were never destroyed (a Python object leaked at interpreter exit).
+  void stop();
+
   /// How often the thread looks: 50 ms, or a quarter of a short timeout.
   static std::chrono::milliseconds interval(double timeout_s);
 
