@@ -60,25 +60,27 @@ T* at(T* base, std::int64_t elements, DType t) {
   return reinterpret_cast<Byte*>(base) + elements * static_cast<std::int64_t>(dtype_size(t));
 }
 
-/// The sends and receives of an all_to_all(v), as one NCCL group.
+/// The sends and receives of an all_to_all(v), as one NCCL group. Stops at the
+/// first error (ncclInProgress is not one), and always closes the group it opened.
 nccl::Result exchange(const nccl::Api& api, nccl::Comm c, nccl::Stream st, int size,
                       const void* send, const std::vector<std::int64_t>& send_counts,
                       const std::vector<std::int64_t>& send_displs, void* recv,
                       const std::vector<std::int64_t>& recv_counts,
                       const std::vector<std::int64_t>& recv_displs, DType dtype) {
+  auto failed = [](nccl::Result r) { return r != nccl::success && r != nccl::in_progress; };
   nccl::Result first = api.GroupStart();
-  if (first != nccl::success) return first;
+  if (failed(first)) return first;
   const nccl::DataType t = to_nccl(dtype);
-  for (int peer = 0; peer < size && first == nccl::success; ++peer) {
+  for (int peer = 0; peer < size && !failed(first); ++peer) {
     if (send_counts[peer] > 0) {
       first = api.Send(at(send, send_displs[peer], dtype), send_counts[peer], t, peer, c, st);
     }
-    if (first == nccl::success && recv_counts[peer] > 0) {
+    if (!failed(first) && recv_counts[peer] > 0) {
       first = api.Recv(at(recv, recv_displs[peer], dtype), recv_counts[peer], t, peer, c, st);
     }
   }
-  nccl::Result end = api.GroupEnd();  // always closes the group it opened
-  return first != nccl::success ? first : end;
+  nccl::Result end = api.GroupEnd();
+  return failed(first) ? first : end;
 }
 
 }  // namespace
