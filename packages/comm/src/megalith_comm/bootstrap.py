@@ -1,0 +1,281 @@
+"""`init()` and `destroy()`: rendezvous through a TCPStore, then torch.distributed with Gloo.
+
+The sequence on every rank (all before any collective):
+1. `LaunchConfig.from_env()` reads and validates rank, world size and master address.
+2. Rank 0 opens the listening socket itself, bound to MASTER_ADDR only, and hands it to
+   torch's TCPStore server (`master_listen_fd`). torch 2.13 binds its own socket to
+   every interface (`*:port`) whatever host name it is given; ours binds to the
+   address asked for. The others connect as clients.
+3. Each rank checks in under `megalith_comm/arrived/<rank>`; rank 0 waits until all
+   have, so a rank that never comes makes init fail within the timeout, saying how
+   many of how many ranks arrived and which are missing.
+4. torch.distributed's default process group (Gloo, for CPU tensors) starts on that
+   store. CUDA tensors use the engine's NCCL communicators, created per group on
+   first use (group.py).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import health
+from .errors import CommError
+from .launch_env import LaunchConfig
+
+DEFAULT_TIMEOUT_S = 300.0
+_PREFIX = "megalith_comm/"
+
+
+@dataclass(eq=False)
+class World:
+    """This process's place in the job, and the handles shared by every group."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    timeout: float
+    device: torch.device
+    store: Any
+    source: str = "argument"
+    group: Any = None  # the ProcessGroup of all ranks (megalith_comm.group.ProcessGroup)
+    heartbeat: health.Heartbeat | None = None
+    restore_excepthook: Callable[[], None] | None = None
+    groups: dict[str, Any] = field(default_factory=dict)  # every ProcessGroup by name
+
+    def __repr__(self) -> str:
+        return (
+            f"World(rank={self.rank}, world_size={self.world_size}, local_rank={self.local_rank}, "
+            f"device={self.device}, master={self.master_addr}:{self.master_port}, "
+            f"timeout={self.timeout:g}s, source={self.source!r})"
+        )
+
+
+_WORLD: World | None = None
+
+
+def timeout_from_env(timeout: float | None = None) -> float:
+    """timeout if given, else MEGALITH_COMM_TIMEOUT (seconds), else 300; must be > 0."""
+    name = "timeout"
+    if timeout is None:
+        raw = os.environ.get("MEGALITH_COMM_TIMEOUT")
+        if raw is None:
+            return DEFAULT_TIMEOUT_S
+        name = "MEGALITH_COMM_TIMEOUT"
+        try:
+            timeout = float(raw)
+        except ValueError:
+            raise ValueError(f"MEGALITH_COMM_TIMEOUT={raw!r} is not a number of seconds") from None
+    if not timeout > 0:
+        raise ValueError(f"{name}={timeout!r}: the timeout must be a positive number of seconds")
+    return float(timeout)
+
+
+def get_world() -> World:
+    """The World set up by init(); raises if init() has not run."""
+    if _WORLD is None:
+        raise RuntimeError("megalith_comm is not initialized: call megalith_comm.init() first")
+    return _WORLD
+
+
+def is_initialized() -> bool:
+    return _WORLD is not None
+
+
+def init(
+    rank: int | None = None,
+    world_size: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    local_rank: int | None = None,
+    *,
+    timeout: float | None = None,
+    device: torch.device | str | None = None,
+) -> World:
+    """Joins the job (idempotent: a second call returns the same World).
+
+    Arguments left as None come from the launcher's environment (torchrun, SLURM,
+    OpenMPI; see LaunchConfig.from_env). `timeout` (seconds; default
+    MEGALITH_COMM_TIMEOUT or 300) bounds the rendezvous and every collective.
+    `device` defaults to cuda:<local_rank> when CUDA is available, else cpu.
+    """
+    global _WORLD
+    explicit = {
+        "rank": rank,
+        "world_size": world_size,
+        "master_addr": master_addr,
+        "master_port": master_port,
+        "local_rank": local_rank,
+    }
+    if _WORLD is not None:
+        clash = [
+            f"{k}={v!r} (initialized with {getattr(_WORLD, k)!r})"
+            for k, v in explicit.items()
+            if v is not None and v != getattr(_WORLD, k)
+        ]
+        if clash:
+            raise ValueError(
+                "megalith_comm.init: already initialized; cannot change "
+                + ", ".join(clash)
+                + ". Call megalith_comm.destroy() first."
+            )
+        return _WORLD
+    if dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed is already initialized by someone else: megalith_comm.init() "
+            "sets up its own rendezvous; call it instead of init_process_group()"
+        )
+    cfg = LaunchConfig.from_env(**explicit)
+    seconds = timeout_from_env(timeout)
+    dev = _pick_device(cfg.local_rank, device)
+    store = _rendezvous(cfg, seconds)
+    dist.init_process_group(
+        backend="gloo",
+        store=dist.PrefixStore(_PREFIX + "pg/", store),
+        rank=cfg.rank,
+        world_size=cfg.world_size,
+        timeout=timedelta(seconds=seconds),
+    )
+    world = World(
+        cfg.rank,
+        cfg.world_size,
+        cfg.local_rank,
+        cfg.master_addr,
+        cfg.master_port,
+        seconds,
+        dev,
+        store,
+        cfg.source,
+    )
+    from .group import ProcessGroup
+
+    world.group = ProcessGroup(world, "world", tuple(range(cfg.world_size)), dist.group.WORLD)
+    if cfg.world_size > 1:
+        world.heartbeat = health.Heartbeat(world)
+        health.install_excepthook(world)
+    _WORLD = world
+    return world
+
+
+def destroy() -> None:
+    """Leaves the job: stops the heartbeat, drops NCCL communicators and Gloo groups."""
+    global _WORLD
+    world, _WORLD = _WORLD, None
+    if world is None:
+        return
+    if world.heartbeat is not None:
+        world.heartbeat.stop()
+    if world.restore_excepthook is not None:
+        world.restore_excepthook()
+    for group in world.groups.values():
+        group._close()
+    world.groups.clear()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    world.store = None
+
+
+def _pick_device(local_rank: int, device: torch.device | str | None) -> torch.device:
+    if device is not None:
+        dev = torch.device(device)
+    elif torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        dev = torch.device("cuda", local_rank % torch.cuda.device_count())
+    else:
+        dev = torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    return dev
+
+
+def _listen(addr: str, port: int) -> socket.socket:
+    """A listening socket bound to addr:port only (not to every interface)."""
+    errors = []
+    for family, kind, proto, _, sockaddr in socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(sockaddr)
+            sock.listen(2048)
+            return sock
+        except OSError as exc:
+            sock.close()
+            errors.append(f"{sockaddr[0]}: {exc}")
+    raise CommError(
+        f"rank 0 cannot listen on MASTER_ADDR:MASTER_PORT = {addr}:{port} ({'; '.join(errors)}): "
+        "is the port already in use, and is the address one of this host's?"
+    )
+
+
+def _open_store(cfg: LaunchConfig, seconds: float):
+    td = timedelta(seconds=seconds)
+    if cfg.rank == 0:
+        sock = _listen(cfg.master_addr, cfg.master_port)
+        port = sock.getsockname()[1]
+        return dist.TCPStore(
+            cfg.master_addr,
+            port,
+            None,
+            True,
+            td,
+            wait_for_workers=False,
+            master_listen_fd=sock.detach(),
+        )
+    start = time.monotonic()
+    try:
+        return dist.TCPStore(cfg.master_addr, cfg.master_port, None, False, td)
+    except RuntimeError as exc:
+        raise CommError(
+            f"rank {cfg.rank} could not reach rank 0's rendezvous store at "
+            f"{cfg.master_addr}:{cfg.master_port} within {time.monotonic() - start:.0f} s "
+            f"(timeout {seconds:g} s): is rank 0 running, and are MASTER_ADDR/MASTER_PORT "
+            f"the same on every rank? ({health._first_line(exc)})",
+            ranks=(0,),
+            remote=True,
+        ) from exc
+
+
+def _rendezvous(cfg: LaunchConfig, seconds: float):
+    """Opens the store and waits until all ranks have checked in; returns the store."""
+    if cfg.world_size == 1:
+        return dist.HashStore()
+    store = _open_store(cfg, seconds)
+    store.set(f"{_PREFIX}arrived/{cfg.rank}", "1")
+    arrived = store.add(f"{_PREFIX}arrived", 1)
+    deadline = time.monotonic() + seconds
+    if cfg.rank == 0:
+        while arrived < cfg.world_size and time.monotonic() < deadline:
+            time.sleep(0.01)
+            arrived = store.add(f"{_PREFIX}arrived", 0)
+        if arrived >= cfg.world_size:
+            store.set(f"{_PREFIX}ready", "1")
+            return store
+    else:
+        try:
+            store.wait(
+                [f"{_PREFIX}ready"], timedelta(seconds=max(0.0, deadline - time.monotonic()))
+            )
+            return store
+        except RuntimeError:
+            pass
+    arrived = store.add(f"{_PREFIX}arrived", 0)
+    missing = [r for r in range(cfg.world_size) if not store.check([f"{_PREFIX}arrived/{r}"])]
+    shown = ", ".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
+    raise CommError(
+        f"megalith_comm.init on rank {cfg.rank}: only {arrived} of {cfg.world_size} ranks "
+        f"arrived at the rendezvous on {cfg.master_addr}:{cfg.master_port} within {seconds:g} s "
+        f"(missing rank{'s' if len(missing) != 1 else ''}: {shown}). Check that all "
+        f"{cfg.world_size} processes were started with the same MASTER_ADDR/MASTER_PORT "
+        "(launcher: " + cfg.source + ").",
+        ranks=tuple(missing),
+        remote=True,
+    )

@@ -1,0 +1,88 @@
+"""Handle: what an async collective returns; `wait()` finishes it.
+
+A Handle holds the backend's works (torch.distributed Work for Gloo, the engine's
+Work for NCCL) and the steps that complete the operation after they finish (copy
+results out of staging buffers, divide for "avg"). Failures surface from `wait()`
+as CommError naming the rank behind them (health.diagnose).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from . import health
+
+
+class StreamWork:
+    """The engine's Work, waited for on the caller's current CUDA stream."""
+
+    def __init__(self, work: Any, device: torch.device):
+        self._work = work
+        self._device = device
+
+    def wait(self) -> None:
+        self._work.wait(stream=torch.cuda.current_stream(self._device).cuda_stream)
+
+    def is_completed(self) -> bool:
+        return bool(self._work.is_completed())
+
+
+class Handle:
+    """A collective in flight. `wait()` blocks (Gloo) or orders the current stream (NCCL)
+    after it, runs its completion steps once, and returns `result`."""
+
+    def __init__(
+        self,
+        group: Any,
+        what: str,
+        works: Sequence[Any] = (),
+        then: Sequence[Callable[[], None]] = (),
+        result: Any = None,
+    ):
+        self.group = group
+        self.what = what
+        self._works = list(works)
+        self._then = list(then)
+        self.result = result
+        self._done = False
+
+    @classmethod
+    def done(cls, result: Any = None) -> Handle:
+        handle = cls(None, "", result=result)
+        handle._done = True
+        return handle
+
+    def is_completed(self) -> bool:
+        return self._done or all(w.is_completed() for w in self._works)
+
+    def wait(self) -> Any:
+        if self._done:
+            return self.result
+        try:
+            for work in self._works:
+                work.wait()
+        except RuntimeError as exc:
+            self._done = True
+            raise health.diagnose(self.group.world, self.what, exc) from exc
+        self._done = True
+        for step in self._then:
+            step()
+        return self.result
+
+
+def launch(group: Any, what: str, start: Callable[[], Any]) -> Any:
+    """Calls start() (which enqueues a backend op), turning a failure into a CommError."""
+    try:
+        return start()
+    except RuntimeError as exc:
+        raise health.diagnose(group.world, what, exc) from exc
+
+
+def finish(handle: Handle, async_op: bool) -> Any:
+    """The handle for async_op, else waits and returns the handle's result."""
+    if async_op:
+        return handle
+    return handle.wait()
