@@ -145,7 +145,7 @@ def reduce_scatter(
         device=output.device.type,
         redop=op,
         shape=None if sizes else input.shape,
-        numel=n,
+        numel=-1 if sizes else n,
         sizes=sizes,
     )
     if g.size == 1:

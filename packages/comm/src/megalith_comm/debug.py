@@ -2,7 +2,7 @@
 
 Before each collective, the ranks of the group all-gather (over Gloo) a small int64
 signature: the op, dtype, device type, reduce op, root, shape (or per-rank sizes for
-the list forms, or split sizes for all_to_all), and a per-group sequence number.
+the list forms, or split sizes for all_to_all).
 If the signatures differ, every rank raises the same CollectiveMismatchError naming
 the ranks that differ from the majority and what each called, e.g.
 
@@ -42,7 +42,7 @@ DTYPES = (
 DEVICES = ("cpu", "cuda")
 MAGIC = 0x4D47
 MAX_DIMS = 8
-HEADER = 18  # magic, seq, op, dtype, device, redop, root, ndim, 8 dims, numel, n_sizes
+HEADER = 18  # magic, reserved, op, dtype, device, redop, root, ndim, 8 dims, numel, n_sizes
 
 
 def enabled() -> bool:
@@ -52,7 +52,6 @@ def enabled() -> bool:
 
 def encode(
     group_size: int,
-    seq: int,
     op: str,
     dtype: torch.dtype | None = None,
     device: str = "cpu",
@@ -65,7 +64,7 @@ def encode(
 ) -> torch.Tensor:
     """The signature as int64[HEADER + 2 * group_size] (same length on every rank)."""
     sig = torch.full((HEADER + 2 * group_size,), -1, dtype=torch.int64)
-    sig[0], sig[1], sig[2] = MAGIC, seq, OPS.index(op)
+    sig[0], sig[1], sig[2] = MAGIC, 0, OPS.index(op)  # sig[1]: reserved
     sig[3] = DTYPES.index(dtype) if dtype in DTYPES else (len(DTYPES) if dtype else -1)
     sig[4] = DEVICES.index(device) if device in DEVICES else len(DEVICES)
     sig[5] = REDUCE_OPS.index(redop) if redop else -1
@@ -90,7 +89,7 @@ def encode(
     return sig
 
 
-def describe(sig: list[int], group_size: int, with_seq: bool = False) -> str:
+def describe(sig: list[int], group_size: int) -> str:
     """A signature as text: all_reduce(shape [4], float32, op sum)."""
     if sig[0] != MAGIC:
         return "something that is not a megalith_comm collective (no debug signature)"
@@ -101,6 +100,9 @@ def describe(sig: list[int], group_size: int, with_seq: bool = False) -> str:
         parts.append(label + ", ".join(str(d) for d in sig[8 : 8 + min(sig[7], MAX_DIMS)]) + "]")
     if sig[17] == 1:
         parts.append("sizes [" + ", ".join(map(str, sig[HEADER : HEADER + group_size])) + "]")
+    if sig[17] == 2 and len(sig) > HEADER:
+        parts.append("send rows [" + ", ".join(map(str, sig[HEADER : HEADER + group_size])) + "]")
+        parts.append("recv rows [" + ", ".join(map(str, sig[HEADER + group_size :])) + "]")
     if sig[16] >= 0:
         parts.append(f"output numel {sig[16]}")
     if sig[3] >= 0:
@@ -113,8 +115,7 @@ def describe(sig: list[int], group_size: int, with_seq: bool = False) -> str:
         parts.append(f"op {REDUCE_OPS[sig[5]]}")
     if sig[6] >= 0:
         parts.append(f"{'dst' if op == 'reduce' else 'src'} {sig[6]}")
-    text = f"{op}({', '.join(parts)})"
-    return f"{text} as collective #{sig[1]}" if with_seq else text
+    return f"{op}({', '.join(parts)})"
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:
@@ -128,20 +129,20 @@ def mismatch_message(
     size = len(ranks)
     classes: dict[tuple[int, ...], list[int]] = {}
     for r, sig in zip(ranks, sigs):
-        classes.setdefault(tuple(sig), []).append(r)
+        # all_to_all's split sizes differ per rank by design: they are cross-checked below.
+        key = sig[:HEADER] if sig[17] == 2 else sig
+        classes.setdefault(tuple(key), []).append(r)
     if len(classes) > 1:
         ref_sig, ref_ranks = max(classes.items(), key=lambda kv: (len(kv[1]), -kv[1][0]))
-        without_seq = {tuple(s[:1] + s[2:]) for s in classes}
-        with_seq = len(without_seq) == 1  # only the sequence numbers differ: a skipped call
         others = [
-            f"{_ranks_text(rs)} called {describe(list(s), size, with_seq)}"
+            f"{_ranks_text(rs)} called {describe(list(s), size)}"
             for s, rs in sorted(classes.items(), key=lambda kv: kv[1][0])
             if s != ref_sig
         ]
         text = (
             f"collective mismatch in group {group_name!r} (MEGALITH_COMM_DEBUG=1): "
             + "; ".join(others)
-            + f" but {_ranks_text(ref_ranks)} called {describe(list(ref_sig), size, with_seq)}"
+            + f" but {_ranks_text(ref_ranks)} called {describe(list(ref_sig), size)}"
         )
         return text, tuple(r for r in ranks if r not in ref_ranks)
     if sigs[0][17] == 2:  # all_to_all with splits: what i sends to j, j must expect from i
@@ -166,13 +167,12 @@ def mismatch_message(
 
 
 def check(group: Any, op: str, **fields: Any) -> None:
-    """Counts the collective; in debug mode verifies the group agrees (raises on every rank)."""
-    group.calls += 1
+    """In debug mode, verifies that the group agrees on this collective (raises on every rank)."""
     if group.size == 1 or not enabled():
         return
     import torch.distributed as dist
 
-    sig = encode(group.size, group.calls, op, **fields)
+    sig = encode(group.size, op, **fields)
     gathered = torch.empty(group.size * sig.numel(), dtype=torch.int64)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     launch(group, f"{op} (debug signature check)", lambda: gather(gathered, sig, group=group.gloo))

@@ -43,7 +43,6 @@ class ProcessGroup:
         self._gloo = gloo
         self._nccl: Any = None
         self._nccl_device: torch.device | None = None
-        self.calls = 0  # collectives issued on this group (debug mode's sequence number)
         world.groups[name] = self
 
     def __repr__(self) -> str:

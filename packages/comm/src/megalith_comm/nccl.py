@@ -56,9 +56,14 @@ def engine() -> Any:
             _engine.set_nccl_search_path(lib)
         _search_path_set = True
     if not _engine.nccl_available():
+        try:
+            _engine.nccl_version()  # raises saying where it looked
+            detail = ""
+        except Exception as exc:
+            detail = f" ({exc})"
         raise CommError(
-            "NCCL could not be loaded (libnccl.so.2), so CUDA tensors cannot be communicated: "
-            "pip install nvidia-nccl-cu13, or put libnccl.so.2 on LD_LIBRARY_PATH"
+            "NCCL could not be loaded (libnccl.so.2), so CUDA tensors cannot be communicated"
+            f"{detail}: pip install nvidia-nccl-cu13, or put libnccl.so.2 on LD_LIBRARY_PATH"
         )
     return _engine
 
