@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import health
+from . import health, watchdog
 from .errors import CommError
 from .launch_env import LaunchConfig
 
@@ -49,7 +49,9 @@ class World:
     store: Any
     source: str = "argument"
     group: Any = None  # the ProcessGroup of all ranks (megalith_comm.group.ProcessGroup)
-    heartbeat: health.Heartbeat | None = None
+    heartbeat: watchdog.Heartbeat | None = None
+    # (what, since) while the main thread waits for a collective (see [Note: the watchdog])
+    blocked: tuple[str, float] | None = None
     restore_excepthook: Callable[[], None] | None = None
     groups: dict[str, Any] = field(default_factory=dict)  # every ProcessGroup by name
 
@@ -161,7 +163,7 @@ def init(
 
     world.group = ProcessGroup(world, "world", tuple(range(cfg.world_size)), dist.group.WORLD)
     if cfg.world_size > 1:
-        world.heartbeat = health.Heartbeat(world)
+        world.heartbeat = watchdog.Heartbeat(world)
         health.install_excepthook(world)
     _WORLD = world
     return world

@@ -167,7 +167,9 @@ def mismatch_message(
 
 
 def check(group: Any, op: str, **fields: Any) -> None:
-    """In debug mode, verifies that the group agrees on this collective (raises on every rank)."""
+    """Counts the collective on the group; in debug mode, verifies that the group agrees on it
+    (raising the same error on every rank)."""
+    group.issued += 1
     if group.size == 1 or not enabled():
         return
     import torch.distributed as dist

@@ -43,6 +43,7 @@ class ProcessGroup:
         self._gloo = gloo
         self._nccl: Any = None
         self._nccl_device: torch.device | None = None
+        self.issued = 0  # collectives issued on this group (health reports it)
         world.groups[name] = self
 
     def __repr__(self) -> str:

@@ -8,6 +8,7 @@ as CommError naming the rank behind them (health.diagnose).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -61,12 +62,17 @@ class Handle:
     def wait(self) -> Any:
         if self._done:
             return self.result
+        world = self.group.world
+        world.blocked = (self.what, time.monotonic())
         try:
             for work in self._works:
                 work.wait()
         except RuntimeError as exc:
             self._done = True
-            raise health.diagnose(self.group.world, self.what, exc) from exc
+            world.blocked = None  # diagnosing, not blocked: the watchdog must let it finish
+            raise health.diagnose(world, self.what, exc, self.group) from exc
+        finally:
+            world.blocked = None
         self._done = True
         for step in self._then:
             step()
@@ -78,7 +84,7 @@ def launch(group: Any, what: str, start: Callable[[], Any]) -> Any:
     try:
         return start()
     except RuntimeError as exc:
-        raise health.diagnose(group.world, what, exc) from exc
+        raise health.diagnose(group.world, what, exc, group) from exc
 
 
 def finish(handle: Handle, async_op: bool) -> Any:

@@ -1,69 +1,41 @@
-"""Finding out which rank broke a collective: heartbeats, failure reports, diagnosis.
+"""Finding out which rank broke a collective: failure reports and diagnosis.
 
 [Note: naming the failed rank]
 torch.distributed's Gloo errors name a socket ("Connection closed by peer
 [127.0.0.1]:50860"), not a rank. To turn that into "rank 2 was killed", every rank
 of a world larger than one:
-- runs a heartbeat thread that bumps `megalith_comm/hb/<rank>` in the rendezvous
-  store every HEARTBEAT_S seconds (on a store connection of its own);
+- beats a heart in the rendezvous store and publishes how many collectives it has
+  issued on each group (watchdog.Heartbeat);
 - on an uncaught exception, writes `megalith_comm/failed/<rank>` = "Type: message"
-  before the process exits (sys.excepthook), unless the exception was itself
-  caused by another rank (CommError.remote);
-- when a collective fails, `diagnose()` reads the failure reports, and if there
-  are none, the heartbeats twice STALE_S apart: a rank whose counter stopped is
-  dead. The verdict goes to `megalith_comm/culprit` (first writer wins) so every
-  rank tells the same story. If the store itself is gone, rank 0 (its host) is.
-Rank 0 hosts the store, so on its way out it closes its Gloo sockets (so that the
-others fail at once instead of at the timeout) and lingers up to LINGER_S seconds
-while other ranks still beat, so they can read what happened.
+  (and sets `failed_any`) before the process exits (sys.excepthook), unless the
+  exception was itself caused by another rank (CommError.remote);
+- when a collective fails, `diagnose()` reads the failure reports; if there are
+  none, the heartbeats twice STALE_S apart: a rank whose counter stopped is dead;
+  if all are alive, a rank of the group that has issued fewer collectives on it is
+  stuck before this one (or skipped it). The verdict goes to
+  `megalith_comm/culprit` (first writer wins) so that every rank tells the same
+  story. If the store itself is gone, rank 0 (its host) is.
+Rank 0 hosts the store, so on its way out it lingers up to LINGER_S seconds while
+other ranks still beat, so that they can read what happened (see [Note: the
+watchdog] for how ranks blocked on it get out).
 """
 
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING
-
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from .errors import CommError
+from .watchdog import HEARTBEAT_S
 
 if TYPE_CHECKING:  # pragma: no cover
     from .bootstrap import World
 
-HEARTBEAT_S = 0.5
 STALE_S = 2.0
 LINGER_S = 10.0
 PREFIX = "megalith_comm/"
-
-
-class Heartbeat:
-    """A daemon thread bumping this rank's counter; stops on `stop()` or a dead store."""
-
-    def __init__(self, world: World):
-        self._stop = threading.Event()
-        self._store = dist.TCPStore(
-            world.master_addr, world.master_port, None, False, timedelta(seconds=world.timeout)
-        )
-        self._key = f"{PREFIX}hb/{world.rank}"
-        self._thread = threading.Thread(
-            target=self._run, name="megalith_comm-heartbeat", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._store.add(self._key, 1)
-            except Exception:  # the store (rank 0) is gone: nothing left to tell
-                return
-            self._stop.wait(HEARTBEAT_S)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2 * HEARTBEAT_S)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -75,7 +47,7 @@ def _beats(store, world_size: int) -> list[int]:
     return [store.add(f"{PREFIX}hb/{r}", 0) for r in range(world_size)]
 
 
-def _failures(store, world_size: int) -> dict[int, str]:
+def failures(store, world_size: int) -> dict[int, str]:
     out = {}
     for r in range(world_size):
         key = f"{PREFIX}failed/{r}"
@@ -84,8 +56,19 @@ def _failures(store, world_size: int) -> dict[int, str]:
     return out
 
 
-def diagnose(world: World, what: str, exc: BaseException) -> CommError:
-    """A CommError for a failed collective `what`, naming the rank(s) behind it."""
+def _progress(store, rank: int, group_name: str) -> int | None:
+    key = f"{PREFIX}progress/{rank}"
+    if not store.check([key]):
+        return None
+    for item in store.get(key).decode().split(","):
+        name, _, count = item.rpartition("=")
+        if name == group_name:
+            return int(count)
+    return None
+
+
+def diagnose(world: World, what: str, exc: BaseException, group: Any = None) -> CommError:
+    """A CommError for a failed collective `what` (on `group`), naming the rank(s) behind it."""
     torch_said = f"\n  torch.distributed said: {_first_line(exc)}"
     if world.world_size == 1 or world.store is None:
         return CommError(f"{what} failed on rank {world.rank}: {_first_line(exc)}")
@@ -99,10 +82,11 @@ def diagnose(world: World, what: str, exc: BaseException) -> CommError:
                 int(r) for r in store.get(f"{PREFIX}culprit_ranks").decode().split(",") if r
             )
         else:
-            reason, ranks = _find_culprit(store, world)
+            reason, ranks = _find_culprit(store, world, group)
             if ranks:
                 store.compare_set(f"{PREFIX}culprit_ranks", "", ",".join(map(str, ranks)))
                 store.compare_set(f"{PREFIX}culprit", "", reason)
+        store.set(f"{PREFIX}diagnosed/{world.rank}", "1")  # rank 0 need not linger for us
     except Exception:
         reason = (
             f"the rendezvous store on rank 0 ({world.master_addr}:{world.master_port}) is "
@@ -113,12 +97,16 @@ def diagnose(world: World, what: str, exc: BaseException) -> CommError:
     return CommError(message, ranks=ranks, remote=world.rank not in ranks)
 
 
-def _find_culprit(store, world: World) -> tuple[str, tuple[int, ...]]:
-    failed = _failures(store, world.world_size)
+def _find_culprit(store, world: World, group: Any) -> tuple[str, tuple[int, ...]]:
+    failed = failures(store, world.world_size)
     if not failed:
         before = _beats(store, world.world_size)
         time.sleep(STALE_S)
-        failed = _failures(store, world.world_size)
+        if store.check([f"{PREFIX}culprit"]):  # another rank got there first
+            return store.get(f"{PREFIX}culprit").decode(errors="replace"), tuple(
+                int(r) for r in store.get(f"{PREFIX}culprit_ranks").decode().split(",") if r
+            )
+        failed = failures(store, world.world_size)
         after = _beats(store, world.world_size)
         if not failed:
             dead = [r for r in range(world.world_size) if after[r] == before[r] and r != world.rank]
@@ -129,6 +117,9 @@ def _find_culprit(store, world: World) -> tuple[str, tuple[int, ...]]:
                     "killed, crashed in native code, or out of memory)",
                     tuple(dead),
                 )
+            late = _late(store, world, group)
+            if late:
+                return late
             return (
                 "no rank reported a failure and every rank is still alive: a rank is late or "
                 f"did not call this collective (timeout {world.timeout:g} s). "
@@ -137,6 +128,23 @@ def _find_culprit(store, world: World) -> tuple[str, tuple[int, ...]]:
             )
     parts = [f"rank {r} failed with {msg}" for r, msg in sorted(failed.items())]
     return "; ".join(parts), tuple(sorted(failed))
+
+
+def _late(store, world: World, group: Any) -> tuple[str, tuple[int, ...]] | None:
+    """Ranks of the group that have issued fewer collectives on it than this rank."""
+    if group is None:
+        return None
+    counts = {r: _progress(store, r, group.name) for r in group.ranks if r != world.rank}
+    behind = {r: c for r, c in counts.items() if c is not None and c < group.issued}
+    if not behind:
+        return None
+    parts = [f"rank {r} has issued {c}" for r, c in sorted(behind.items())]
+    return (
+        f"{', '.join(parts)} collective(s) on group {group.name!r}, this rank {group.issued}: "
+        f"{'they are' if len(behind) > 1 else 'it is'} stuck before this collective (busy, "
+        "blocked, or skipped it); all ranks are alive",
+        tuple(sorted(behind)),
+    )
 
 
 def report_failure(world: World, exc: BaseException) -> None:
@@ -148,32 +156,44 @@ def report_failure(world: World, exc: BaseException) -> None:
     try:
         world.store.set_timeout(timedelta(seconds=2))
         world.store.set(f"{PREFIX}failed/{world.rank}", _first_line(exc))
+        world.store.set(f"{PREFIX}failed_any", "1")
     except Exception:
         pass
 
 
 def linger_if_host(world: World) -> None:
-    """On rank 0's way out: close Gloo, keep the store up while other ranks still beat."""
+    """On rank 0's way out: keep the store up (at most LINGER_S) until every other rank has
+    failed, diagnosed the failure, been named as the culprit, or stopped beating."""
     if world.rank != 0 or world.world_size == 1 or world.store is None:
         return
-    try:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:
-        pass
+    store, others = world.store, range(1, world.world_size)
     deadline = time.monotonic() + LINGER_S
     try:
-        last = _beats(world.store, world.world_size)
-        quiet_since = time.monotonic()
+        last = _beats(store, world.world_size)
+        still = {r: time.monotonic() for r in others}  # when each rank's heartbeat last moved
         while time.monotonic() < deadline:
-            time.sleep(HEARTBEAT_S)
-            now = _beats(world.store, world.world_size)
-            moved = any(now[r] != last[r] for r in range(1, world.world_size))
-            last = now
-            if moved:
-                quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since >= 3 * HEARTBEAT_S:
+            culprits = set()
+            if store.check([f"{PREFIX}culprit_ranks"]):
+                culprits = {
+                    int(r) for r in store.get(f"{PREFIX}culprit_ranks").decode().split(",") if r
+                }
+            now = _beats(store, world.world_size)
+            waiting = []
+            for r in others:
+                if now[r] != last[r]:
+                    still[r] = time.monotonic()
+                done = (
+                    r in culprits
+                    or time.monotonic() - still[r] >= 3 * HEARTBEAT_S
+                    or store.check([f"{PREFIX}failed/{r}"])
+                    or store.check([f"{PREFIX}diagnosed/{r}"])
+                )
+                if not done:
+                    waiting.append(r)
+            if not waiting:
                 return
+            last = now
+            time.sleep(HEARTBEAT_S)
     except Exception:
         return
 

@@ -1,0 +1,88 @@
+"""The per-rank background thread: heartbeat, progress, and exit when a peer failed.
+
+[Note: the watchdog]
+A Gloo collective blocked on a peer that raised but whose process is still alive
+(rank 0 keeps running a little after its failure, because it hosts the store
+everyone reads the failure from) does not fail until the collective timeout:
+aborting a Gloo process group does not wake a waiting thread. So the thread that
+beats the heart also watches: when a failure report appears in the store
+(`megalith_comm/failed_any`) while this rank's main thread has been blocked in a
+collective for WATCHDOG_GRACE_S, it prints what happened, naming the failed rank,
+and ends the process with exit code 1, as torch's NCCL watchdog does. A rank that
+is not blocked meets the failure at its next collective the normal way.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .bootstrap import World
+
+HEARTBEAT_S = 0.5
+WATCHDOG_GRACE_S = 1.0
+PREFIX = "megalith_comm/"
+
+
+class Heartbeat:
+    """A daemon thread: bumps `hb/<rank>`, publishes `progress/<rank>`, watches for failures."""
+
+    def __init__(self, world: World):
+        self._world = world
+        self._stop = threading.Event()
+        # A connection of its own: the main thread may be using world.store.
+        self._store = dist.TCPStore(
+            world.master_addr, world.master_port, None, False, timedelta(seconds=world.timeout)
+        )
+        self._thread = threading.Thread(
+            target=self._run, name="megalith_comm-heartbeat", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        rank = self._world.rank
+        published = None
+        while not self._stop.is_set():
+            try:
+                self._store.add(f"{PREFIX}hb/{rank}", 1)
+                groups = list(self._world.groups.items())
+                progress = ",".join(f"{name}={g.issued}" for name, g in groups)
+                if progress != published:
+                    self._store.set(f"{PREFIX}progress/{rank}", progress)
+                    published = progress
+                if self._store.check([f"{PREFIX}failed_any"]):
+                    self._watch()
+            except Exception:  # the store (rank 0) is gone: nothing left to tell
+                return
+            self._stop.wait(HEARTBEAT_S)
+
+    def _watch(self) -> None:
+        blocked = self._world.blocked
+        if blocked is None or time.monotonic() - blocked[1] < WATCHDOG_GRACE_S:
+            return
+        from .health import failures
+
+        failed = failures(self._store, self._world.world_size)
+        if not failed or set(failed) == {self._world.rank}:
+            return
+        who = "; ".join(f"rank {r} failed with {msg}" for r, msg in sorted(failed.items()))
+        print(
+            f"megalith_comm CommError (watchdog): {blocked[0]} failed on rank "
+            f"{self._world.rank} of {self._world.world_size}: {who}. This rank was blocked in it "
+            f"for {time.monotonic() - blocked[1]:.1f} s; exiting with code 1.",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=2 * HEARTBEAT_S)
