@@ -29,6 +29,8 @@ import torch.multiprocessing as mp
 
 # How long a rank that exited gets for its last message to arrive.
 _EXIT_GRACE_S = 2.0
+# How long an error caused by another rank waits for that rank's own error (or death).
+_REMOTE_WAIT_S = 4.0
 
 
 class DistributedTestError(AssertionError):
@@ -86,7 +88,9 @@ def _child(
         megalith_comm.barrier()  # nobody leaves (rank 0 hosts the store) before all are done
         results.put((rank, "ok", pickle.dumps(value)))
     except BaseException as exc:
-        results.put((rank, "error", type(exc).__name__, str(exc), traceback.format_exc()))
+        # remote: the error is another rank's failure seen from here (megalith_comm.CommError)
+        remote = bool(getattr(exc, "remote", False) or getattr(exc.__cause__, "remote", False))
+        results.put((rank, "error", type(exc).__name__, str(exc), traceback.format_exc(), remote))
     finally:
         results.close()
         results.join_thread()
@@ -147,13 +151,24 @@ def run_distributed(
 
 
 def _collect(fn, world_size, ranks, procs, results, timeout) -> list[Any]:
+    """Results by rank, or the error that best explains the failure.
+
+    A rank's own exception wins over a rank that died silently, which wins over the
+    errors other ranks raise about them (CommError.remote), which wait _REMOTE_WAIT_S
+    for something better to arrive.
+    """
     name = f"{getattr(fn, '__qualname__', fn)} on world size {world_size}"
     done: dict[int, Any] = {}
+    remote: list[tuple] = []
     deadline = time.monotonic() + timeout
     exited_at: dict[int, float] = {}
     while len(done) < len(ranks):
         now = time.monotonic()
+        if remote and now - remote[0][-1] > _REMOTE_WAIT_S:
+            raise _failure(name, remote[0][:-1], remote[1:], results)
         if now >= deadline:
+            if remote:
+                raise _failure(name, remote[0][:-1], remote[1:], results)
             waiting = [r for r in ranks if r not in done]
             raise DistributedTestError(
                 f"{name}: timed out after {timeout:g} s; rank(s) {waiting} had not finished "
@@ -163,28 +178,33 @@ def _collect(fn, world_size, ranks, procs, results, timeout) -> list[Any]:
             msg = results.get(timeout=min(0.1, deadline - now))
         except queue.Empty:
             msg = None
-        if msg is None:
-            for r, p in procs.items():
-                if r in done or p.is_alive():
-                    continue
-                exited_at.setdefault(r, now)
-                if now - exited_at[r] > _EXIT_GRACE_S:
-                    raise DistributedTestError(
-                        f"{name}: rank {r} exited with code {p.exitcode} without returning "
-                        "(killed, crashed in native code, or called sys.exit)",
-                        rank=r,
-                    )
-            continue
-        if msg[1] == "ok":
+        if msg is not None and msg[1] == "ok":
             done[msg[0]] = pickle.loads(msg[2])
-            continue
-        raise _failure(name, msg, results)
+        elif msg is not None and not msg[-1]:
+            raise _failure(name, msg[:-1], remote, results)
+        elif msg is not None:
+            remote.append((*msg[:-1], now))
+        for r, p in procs.items():
+            if r in done or p.is_alive() or any(m[0] == r for m in remote):
+                continue
+            exited_at.setdefault(r, now)
+            if now - exited_at[r] > _EXIT_GRACE_S:
+                also = "".join(f"\nalso failed: {_summary(m)}" for m in remote)
+                raise DistributedTestError(
+                    f"{name}: rank {r} exited with code {p.exitcode} without returning "
+                    f"(killed, crashed in native code, or called sys.exit){also}",
+                    rank=r,
+                )
     return [done[r] for r in ranks]
 
 
-def _failure(name: str, first: tuple, results: Any) -> DistributedTestError:
-    """The error for the first failing rank; other ranks failing within 0.5 s are listed."""
-    others = []
+def _summary(msg: tuple) -> str:
+    return f"rank {msg[0]} ({msg[2]}: {msg[3].splitlines()[0] if msg[3] else ''})"
+
+
+def _failure(name: str, first: tuple, known: list, results: Any) -> DistributedTestError:
+    """The error for `first`; other errors (known, or arriving within 0.5 s) are listed."""
+    others = [_summary(m) for m in known]
     end = time.monotonic() + 0.5
     while time.monotonic() < end:
         try:
@@ -192,8 +212,8 @@ def _failure(name: str, first: tuple, results: Any) -> DistributedTestError:
         except queue.Empty:
             continue
         if msg[1] == "error":
-            others.append(f"rank {msg[0]} ({msg[2]}: {msg[3].splitlines()[0] if msg[3] else ''})")
-    rank, _, exc_type, text, tb = first
+            others.append(_summary(msg))
+    rank, _, exc_type, text, tb = first[:5]
     also = f"\nalso failed: {'; '.join(others)}" if others else ""
     return DistributedTestError(
         f"{name}: rank {rank} raised {exc_type}: {text}{also}\n\n--- rank {rank} traceback ---\n{tb}",
