@@ -5,10 +5,12 @@
 // translator), out_of_memory -> MemoryError, error/cuda_error -> RuntimeError.
 // Messages carry file:line of the check that fired.
 
+#include <cstdio>
 #include <new>
-#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 #include "megalith/export.h"
 
@@ -49,11 +51,42 @@ class MEGALITH_API out_of_memory : public std::bad_alloc {
 };
 
 namespace detail {
+// [Note: no iostreams in error messages] Messages are built with plain string
+// appends: formatting numbers through std::ostream goes through the global
+// locale's facets, and in a process where another library swapped those (seen
+// on one machine with torch loaded) building the message of an error crashed
+// the interpreter instead of raising.
+inline void append(std::string& out, std::string_view v) { out.append(v.data(), v.size()); }
+inline void append(std::string& out, const char* v) { out.append(v ? v : "(null)"); }
+inline void append(std::string& out, char v) { out.push_back(v); }
+inline void append(std::string& out, bool v) { out.append(v ? "true" : "false"); }
+template <typename T>
+std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool> && !std::is_same_v<T, char>>
+append(std::string& out, T v) {
+  out.append(std::to_string(v));
+}
+template <typename T>
+std::enable_if_t<std::is_floating_point_v<T>> append(std::string& out, T v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(v));
+  out.append(buf);
+}
+template <typename T>
+std::enable_if_t<std::is_enum_v<T>> append(std::string& out, T v) {
+  append(out, static_cast<std::underlying_type_t<T>>(v));
+}
+template <typename T>
+void append(std::string& out, const T* v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%p", static_cast<const void*>(v));
+  out.append(buf);
+}
+
 template <typename... Parts>
 std::string concat(const Parts&... parts) {
-  std::ostringstream out;
-  (out << ... << parts);
-  return out.str();
+  std::string out;
+  (append(out, parts), ...);
+  return out;
 }
 }  // namespace detail
 
