@@ -14,6 +14,7 @@ import torch.distributed as dist
 import megalith_comm as comm
 from megalith.testing import free_port, run_distributed
 from megalith_comm import bootstrap, nccl
+from megalith_comm import store as store_module
 from megalith_comm.backends import NcclOps
 from megalith_comm.launch_env import LaunchConfig
 
@@ -59,7 +60,7 @@ def test_bad_environment_fails_before_any_socket(clean_env):
     def no_rendezvous(*args, **kwargs):
         raise AssertionError("init opened the rendezvous before validating")
 
-    clean_env.setattr(bootstrap, "_rendezvous", no_rendezvous)
+    clean_env.setattr(bootstrap, "rendezvous", no_rendezvous)
     clean_env.setenv("RANK", "2")
     clean_env.setenv("WORLD_SIZE", "2")
     clean_env.setenv("MASTER_ADDR", "127.0.0.1")
@@ -92,7 +93,8 @@ def test_store_listens_on_master_addr_only():
     cfg = LaunchConfig(
         rank=0, world_size=2, local_rank=0, master_addr="127.0.0.1", master_port=port
     )
-    store = bootstrap._open_store(cfg, 5.0)
+    store, spec = store_module.open_store(cfg, 5.0)
+    assert spec.host_rank == 0 and spec.prefix is None
     try:
         assert _listening(port) == ["0100007F"], _listening(port)  # 127.0.0.1, not 0.0.0.0 / ::
         store.set("k", "v")
@@ -109,7 +111,7 @@ def test_port_in_use_is_named():
         port = busy.getsockname()[1]
         cfg = LaunchConfig(0, 2, 0, "127.0.0.1", port)
         with pytest.raises(comm.CommError, match=rf"cannot listen on .* = 127.0.0.1:{port}"):
-            bootstrap._open_store(cfg, 5.0)
+            store_module.open_store(cfg, 5.0)
 
 
 class FakeCommunicator:

@@ -40,14 +40,17 @@ def test_rank_that_never_joins_fails_init_within_the_timeout():
     assert elapsed < 30, f"took {elapsed:.0f} s"
 
 
-def _run_ranks(mode: str, fail_rank: int, timeout_s: float) -> tuple[float, list[tuple]]:
+def _run_ranks(
+    mode: str, fail_rank: int, timeout_s: float, port: int | None = None, **extra: str
+) -> tuple[float, list[tuple]]:
     """Starts WORLD rank processes; returns (when fail_rank failed, [(rc, exit time, stderr)])."""
     env = {
         **os.environ,
         "WORLD_SIZE": str(WORLD),
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
+        "MASTER_PORT": str(port or free_port()),
         "MEGALITH_COMM_TIMEOUT": str(timeout_s),
+        **extra,
     }
     procs = []
     for rank in range(WORLD):
@@ -82,7 +85,7 @@ def _run_ranks(mode: str, fail_rank: int, timeout_s: float) -> tuple[float, list
             if line.startswith("FAILING_AT "):
                 failed_at = float(line.split()[1])
         out.append((p.returncode, exits.get(rank), stderr))
-    assert failed_at is not None, "the failing rank never got to fail:\n" + out[fail_rank][2]
+    assert failed_at is not None or mode == "ok", "no rank failed:\n" + out[fail_rank][2]
     return failed_at, out
 
 
@@ -119,6 +122,26 @@ def test_hung_rank_is_named_after_the_timeout():
         assert "rank 1 has issued 1 collective(s) on group 'world', this rank 2" in stderr, stderr
 
 
+@pytest.mark.timeout(60)
+def test_under_an_elastic_agent_the_agents_store_is_used():
+    """torchrun / megalith run host the store themselves (TORCHELASTIC_USE_AGENT_STORE)."""
+    import torch.distributed as dist
+
+    port = free_port()
+    agent = dist.TCPStore("127.0.0.1", port, None, True, wait_for_workers=False)
+    _, ranks = _run_ranks(
+        "ok",
+        0,
+        20,
+        port=port,
+        TORCHELASTIC_USE_AGENT_STORE="True",
+        TORCHELASTIC_RUN_ID="job7",
+        TORCHELASTIC_RESTART_COUNT="2",
+    )
+    assert [rc for rc, _, _ in ranks] == [0] * WORLD, ranks[0][2][-3000:]
+    assert agent.add("job7/2/megalith_comm/arrived", 0) == WORLD
+
+
 def _rank_main(mode: str, fail_rank: int) -> None:
     import torch
 
@@ -127,6 +150,10 @@ def _rank_main(mode: str, fail_rank: int) -> None:
     world = comm.init()
     t = torch.ones(4)
     comm.all_reduce(t)  # everyone is up
+    if mode == "ok":
+        comm.barrier()
+        comm.destroy()
+        return
     if world.rank == fail_rank:
         print(f"FAILING_AT {time.time()}", flush=True)
         if mode == "raise":

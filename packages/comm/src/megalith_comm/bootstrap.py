@@ -2,14 +2,10 @@
 
 The sequence on every rank (all before any collective):
 1. `LaunchConfig.from_env()` reads and validates rank, world size and master address.
-2. Rank 0 opens the listening socket itself, bound to MASTER_ADDR only, and hands it to
-   torch's TCPStore server (`master_listen_fd`). torch 2.13 binds its own socket to
-   every interface (`*:port`) whatever host name it is given; ours binds to the
-   address asked for. The others connect as clients.
-3. Each rank checks in under `megalith_comm/arrived/<rank>`; rank 0 waits until all
-   have, so a rank that never comes makes init fail within the timeout, saying how
-   many of how many ranks arrived and which are missing.
-4. torch.distributed's default process group (Gloo, for CPU tensors) starts on that
+2. store.rendezvous(): rank 0 hosts a TCPStore bound to MASTER_ADDR only (or, under
+   torch's elastic agent, the agent's store is used), and every rank checks in; a
+   rank that never comes fails init within the timeout, naming how many arrived.
+3. torch.distributed's default process group (Gloo, for CPU tensors) starts on that
    store. CUDA tensors use the engine's NCCL communicators, created per group on
    first use (group.py).
 """
@@ -17,8 +13,6 @@ The sequence on every rank (all before any collective):
 from __future__ import annotations
 
 import os
-import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -28,11 +22,10 @@ import torch
 import torch.distributed as dist
 
 from . import health, watchdog
-from .errors import CommError
 from .launch_env import LaunchConfig
+from .store import PREFIX, StoreSpec, rendezvous
 
 DEFAULT_TIMEOUT_S = 300.0
-_PREFIX = "megalith_comm/"
 
 
 @dataclass(eq=False)
@@ -48,6 +41,7 @@ class World:
     device: torch.device
     store: Any
     source: str = "argument"
+    store_spec: StoreSpec | None = None  # how to reach the store (None: world size 1)
     group: Any = None  # the ProcessGroup of all ranks (megalith_comm.group.ProcessGroup)
     heartbeat: watchdog.Heartbeat | None = None
     # (what, since) while the main thread waits for a collective (see [Note: the watchdog])
@@ -140,10 +134,10 @@ def init(
     cfg = LaunchConfig.from_env(**explicit)
     seconds = timeout_from_env(timeout)
     dev = _pick_device(cfg.local_rank, device)
-    store = _rendezvous(cfg, seconds)
+    store, spec = rendezvous(cfg, seconds)
     dist.init_process_group(
         backend="gloo",
-        store=dist.PrefixStore(_PREFIX + "pg/", store),
+        store=dist.PrefixStore(PREFIX + "pg", store),
         rank=cfg.rank,
         world_size=cfg.world_size,
         timeout=timedelta(seconds=seconds),
@@ -158,6 +152,7 @@ def init(
         dev,
         store,
         cfg.source,
+        store_spec=spec,
     )
     from .group import ProcessGroup
 
@@ -197,87 +192,3 @@ def _pick_device(local_rank: int, device: torch.device | str | None) -> torch.de
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     return dev
-
-
-def _listen(addr: str, port: int) -> socket.socket:
-    """A listening socket bound to addr:port only (not to every interface)."""
-    errors = []
-    for family, kind, proto, _, sockaddr in socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM):
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(sockaddr)
-            sock.listen(2048)
-            return sock
-        except OSError as exc:
-            sock.close()
-            errors.append(f"{sockaddr[0]}: {exc}")
-    raise CommError(
-        f"rank 0 cannot listen on MASTER_ADDR:MASTER_PORT = {addr}:{port} ({'; '.join(errors)}): "
-        "is the port already in use, and is the address one of this host's?"
-    )
-
-
-def _open_store(cfg: LaunchConfig, seconds: float):
-    td = timedelta(seconds=seconds)
-    if cfg.rank == 0:
-        sock = _listen(cfg.master_addr, cfg.master_port)
-        port = sock.getsockname()[1]
-        return dist.TCPStore(
-            cfg.master_addr,
-            port,
-            None,
-            True,
-            td,
-            wait_for_workers=False,
-            master_listen_fd=sock.detach(),
-        )
-    start = time.monotonic()
-    try:
-        return dist.TCPStore(cfg.master_addr, cfg.master_port, None, False, td)
-    except RuntimeError as exc:
-        raise CommError(
-            f"rank {cfg.rank} could not reach rank 0's rendezvous store at "
-            f"{cfg.master_addr}:{cfg.master_port} within {time.monotonic() - start:.0f} s "
-            f"(timeout {seconds:g} s): is rank 0 running, and are MASTER_ADDR/MASTER_PORT "
-            f"the same on every rank? ({health._first_line(exc)})",
-            ranks=(0,),
-            remote=True,
-        ) from exc
-
-
-def _rendezvous(cfg: LaunchConfig, seconds: float):
-    """Opens the store and waits until all ranks have checked in; returns the store."""
-    if cfg.world_size == 1:
-        return dist.HashStore()
-    store = _open_store(cfg, seconds)
-    store.set(f"{_PREFIX}arrived/{cfg.rank}", "1")
-    arrived = store.add(f"{_PREFIX}arrived", 1)
-    deadline = time.monotonic() + seconds
-    if cfg.rank == 0:
-        while arrived < cfg.world_size and time.monotonic() < deadline:
-            time.sleep(0.01)
-            arrived = store.add(f"{_PREFIX}arrived", 0)
-        if arrived >= cfg.world_size:
-            store.set(f"{_PREFIX}ready", "1")
-            return store
-    else:
-        try:
-            store.wait(
-                [f"{_PREFIX}ready"], timedelta(seconds=max(0.0, deadline - time.monotonic()))
-            )
-            return store
-        except RuntimeError:
-            pass
-    arrived = store.add(f"{_PREFIX}arrived", 0)
-    missing = [r for r in range(cfg.world_size) if not store.check([f"{_PREFIX}arrived/{r}"])]
-    shown = ", ".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
-    raise CommError(
-        f"megalith_comm.init on rank {cfg.rank}: only {arrived} of {cfg.world_size} ranks "
-        f"arrived at the rendezvous on {cfg.master_addr}:{cfg.master_port} within {seconds:g} s "
-        f"(missing rank{'s' if len(missing) != 1 else ''}: {shown}). Check that all "
-        f"{cfg.world_size} processes were started with the same MASTER_ADDR/MASTER_PORT "
-        "(launcher: " + cfg.source + ").",
-        ranks=tuple(missing),
-        remote=True,
-    )

@@ -15,7 +15,7 @@ of a world larger than one:
   stuck before this one (or skipped it). The verdict goes to
   `megalith_comm/culprit` (first writer wins) so that every rank tells the same
   story. If the store itself is gone, rank 0 (its host) is.
-Rank 0 hosts the store, so on its way out it lingers up to LINGER_S seconds while
+When rank 0 hosts the store, on its way out it lingers up to LINGER_S seconds while
 other ranks still beat, so that they can read what happened (see [Note: the
 watchdog] for how ranks blocked on it get out).
 """
@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from .errors import CommError
+from .store import PREFIX
 from .watchdog import HEARTBEAT_S
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,7 +36,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 STALE_S = 2.0
 LINGER_S = 10.0
-PREFIX = "megalith_comm/"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -88,11 +88,13 @@ def diagnose(world: World, what: str, exc: BaseException, group: Any = None) -> 
                 store.compare_set(f"{PREFIX}culprit", "", reason)
         store.set(f"{PREFIX}diagnosed/{world.rank}", "1")  # rank 0 need not linger for us
     except Exception:
-        reason = (
-            f"the rendezvous store on rank 0 ({world.master_addr}:{world.master_port}) is "
-            "unreachable: rank 0 exited or was killed"
-        )
-        ranks = (0,)
+        spec = world.store_spec
+        if spec is not None and spec.host_rank == 0:
+            reason = f"{spec.describe()} is unreachable: rank 0 exited or was killed"
+            ranks = (0,)
+        else:
+            reason = "the rendezvous store is unreachable (the launcher's agent is gone?)"
+
     message = f"{what} failed on rank {world.rank} of {world.world_size}: {reason}{torch_said}"
     return CommError(message, ranks=ranks, remote=world.rank not in ranks)
 
@@ -164,7 +166,8 @@ def report_failure(world: World, exc: BaseException) -> None:
 def linger_if_host(world: World) -> None:
     """On rank 0's way out: keep the store up (at most LINGER_S) until every other rank has
     failed, diagnosed the failure, been named as the culprit, or stopped beating."""
-    if world.rank != 0 or world.world_size == 1 or world.store is None:
+    spec = world.store_spec
+    if world.rank != 0 or spec is None or spec.host_rank != 0 or world.store is None:
         return
     store, others = world.store, range(1, world.world_size)
     deadline = time.monotonic() + LINGER_S

@@ -18,17 +18,15 @@ import os
 import sys
 import threading
 import time
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
-import torch.distributed as dist
+from .store import PREFIX
 
 if TYPE_CHECKING:  # pragma: no cover
     from .bootstrap import World
 
 HEARTBEAT_S = 0.5
 WATCHDOG_GRACE_S = 1.0
-PREFIX = "megalith_comm/"
 
 
 class Heartbeat:
@@ -38,9 +36,7 @@ class Heartbeat:
         self._world = world
         self._stop = threading.Event()
         # A connection of its own: the main thread may be using world.store.
-        self._store = dist.TCPStore(
-            world.master_addr, world.master_port, None, False, timedelta(seconds=world.timeout)
-        )
+        self._store = world.store_spec.client()
         self._thread = threading.Thread(
             target=self._run, name="megalith_comm-heartbeat", daemon=True
         )
