@@ -13,6 +13,7 @@ The sequence on every rank (all before any collective):
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -179,7 +180,29 @@ def destroy() -> None:
     world.groups.clear()
     if dist.is_initialized():
         dist.destroy_process_group()
+    _leave(world)
     world.store = None
+
+
+# How long rank 0 keeps the store it hosts for ranks that have not left yet.
+LEAVE_WAIT_S = 10.0
+
+
+def _leave(world: World) -> None:
+    """Checks out; rank 0, if it hosts the store, waits (bounded) until every rank has, so
+    that no rank loses the store while it still needs it (p2p in flight, diagnosis)."""
+    if world.store_spec is None:
+        return
+    try:
+        left = world.store.add(PREFIX + "left", 1)
+        if world.rank != 0 or world.store_spec.host_rank != 0:
+            return
+        deadline = time.monotonic() + min(LEAVE_WAIT_S, world.timeout)
+        while left < world.world_size and time.monotonic() < deadline:
+            time.sleep(0.01)
+            left = world.store.add(PREFIX + "left", 0)
+    except Exception:  # the store is gone already: nothing to wait for
+        pass
 
 
 def _pick_device(local_rank: int, device: torch.device | str | None) -> torch.device:
