@@ -38,12 +38,16 @@ nccl::DataType to_nccl(DType t) {
   MEGALITH_FAIL(invalid_argument, "dtype ", static_cast<int>(t), " has no NCCL type");
 }
 
-nccl::RedOp to_nccl(ReduceOp op) {
+// [Note: avg on one rank] NCCL 2.28.9's ncclAvg on a one-rank communicator
+// left the last element(s) of the output unwritten for some counts (4097 fp32,
+// 8193 fp16/bf16/fp64; seen on an H200, tests/test_comm_engine_gpu.py). The
+// average of one value is the value: sum gives it exactly, so one rank uses sum.
+nccl::RedOp to_nccl(ReduceOp op, int world_size) {
   switch (op) {
     case ReduceOp::sum:
       return nccl::sum;
     case ReduceOp::avg:
-      return nccl::avg;
+      return world_size == 1 ? nccl::sum : nccl::avg;
     case ReduceOp::min:
       return nccl::min;
     case ReduceOp::max:
@@ -93,7 +97,7 @@ WorkPtr Communicator::all_reduce(const void* send, void* recv, std::int64_t coun
   const nccl::Api& api = *impl_->state->api;
   return impl_->issue({"all_reduce", count, dtype}, stream, [&](nccl::Comm c, nccl::Stream st) {
     if (count == 0) return nccl::success;
-    return api.AllReduce(send, recv, count, to_nccl(dtype), to_nccl(op), c, st);
+    return api.AllReduce(send, recv, count, to_nccl(dtype), to_nccl(op, size()), c, st);
   });
 }
 
@@ -106,7 +110,7 @@ WorkPtr Communicator::reduce_scatter(const void* send, void* recv, std::int64_t 
   return impl_->issue(
       {"reduce_scatter", recv_count, dtype}, stream, [&](nccl::Comm c, nccl::Stream st) {
         if (recv_count == 0) return nccl::success;
-        return api.ReduceScatter(send, recv, recv_count, to_nccl(dtype), to_nccl(op), c, st);
+        return api.ReduceScatter(send, recv, recv_count, to_nccl(dtype), to_nccl(op, size()), c, st);
       });
 }
 
@@ -143,7 +147,7 @@ WorkPtr Communicator::reduce(const void* send, void* recv, std::int64_t count, D
   const nccl::Api& api = *impl_->state->api;
   return impl_->issue({"reduce", count, dtype, root}, stream, [&](nccl::Comm c, nccl::Stream st) {
     if (count == 0) return nccl::success;
-    return api.Reduce(send, recv, count, to_nccl(dtype), to_nccl(op), root, c, st);
+    return api.Reduce(send, recv, count, to_nccl(dtype), to_nccl(op, size()), root, c, st);
   });
 }
 
