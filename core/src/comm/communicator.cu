@@ -26,10 +26,14 @@ std::atomic<int> g_unnamed{0};
 // and the host polls ncclCommGetAsyncError, so a rank that never joins (or
 // never makes the matching call) is a timeout with a message, not a host
 // thread stuck inside NCCL forever. MEGALITH_NCCL_BLOCKING=1 asks for NCCL's
-// blocking mode instead (for debugging); its init cannot time out.
+// blocking mode instead, =0 for non-blocking; unset gives kBlockingByDefault.
+// Blocking init cannot time out inside NCCL (the store's unique-id exchange
+// before it still does); the watchdog covers operations in both modes.
+constexpr bool kBlockingByDefault = false;
+
 bool want_nonblocking(const nccl::Api& api) {
   const char* env = std::getenv("MEGALITH_NCCL_BLOCKING");
-  bool blocking = env && *env && std::strcmp(env, "0") != 0;
+  bool blocking = env && *env ? std::strcmp(env, "0") != 0 : kBlockingByDefault;
   return api.CommInitRankConfig != nullptr && !blocking;
 }
 
