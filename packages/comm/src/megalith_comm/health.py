@@ -87,6 +87,7 @@ def diagnose(world: World, what: str, exc: BaseException, group: Any = None) -> 
                 store.compare_set(f"{PREFIX}culprit_ranks", "", ",".join(map(str, ranks)))
                 store.compare_set(f"{PREFIX}culprit", "", reason)
         store.set(f"{PREFIX}diagnosed/{world.rank}", "1")  # rank 0 need not linger for us
+        store.set_timeout(timedelta(seconds=world.timeout))
     except Exception:
         spec = world.store_spec
         if spec is not None and spec.host_rank == 0:

@@ -48,9 +48,12 @@ class Heartbeat:
         while not self._stop.is_set():
             try:
                 self._store.add(f"{PREFIX}hb/{rank}", 1)
-                groups = list(self._world.groups.items())
-                progress = ",".join(f"{name}={g.issued}" for name, g in groups)
-                if progress != published:
+                try:  # the main thread may be adding a group right now
+                    groups = list(self._world.groups.items())
+                except RuntimeError:
+                    groups = None
+                progress = ",".join(f"{name}={g.issued}" for name, g in groups or ())
+                if groups is not None and progress != published:
                     self._store.set(f"{PREFIX}progress/{rank}", progress)
                     published = progress
                 if self._store.check([f"{PREFIX}failed_any"]):
