@@ -21,9 +21,6 @@ class EngineOptimizer(torch.optim.Optimizer):
     #: what to suggest when a parameter is on another device
     other_device_hint: ClassVar[str] = ""
 
-    def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
-        super().__init__(params, defaults)
-
     # -- subclasses -------------------------------------------------------
     def _init_state(self, p: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         raise NotImplementedError
