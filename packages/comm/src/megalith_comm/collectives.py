@@ -98,6 +98,34 @@ def all_reduce(
     return finish(Handle(g, what, [work], then), async_op)
 
 
+def _check_per_rank_list(
+    op: str,
+    g: ProcessGroup,
+    parts: Sequence[torch.Tensor],
+    parts_name: str,
+    part_word: str,
+    mine: torch.Tensor,
+    mine_name: str,
+) -> list[int]:
+    """The list form of reduce_scatter/all_gather: one tensor per rank, like
+    `mine` in dtype and device, and this rank's entry the size of `mine`."""
+    if len(parts) != g.size:
+        each = "one shard per rank" if part_word == "shard" else "one per rank"
+        raise ValueError(
+            f"{op}: {parts_name} is a list of {len(parts)} tensors but group {g.name!r} "
+            f"has {g.size} ranks ({each})"
+        )
+    _check_like(op, mine, parts, f"an {parts_name} {part_word}")
+    sizes = [x.numel() for x in parts]
+    n = mine.numel()
+    if sizes[g.rank] != n:
+        raise ValueError(
+            f"{op}: this rank's {part_word} ({parts_name}[{g.rank}]) has {sizes[g.rank]} elements "
+            f"but {mine_name} has {n}"
+        )
+    return sizes
+
+
 def reduce_scatter(
     output: torch.Tensor,
     input: torch.Tensor | Sequence[torch.Tensor],
@@ -116,18 +144,7 @@ def reduce_scatter(
     _check_op("reduce_scatter", op, output.dtype)
     n = output.numel()
     if isinstance(input, (list, tuple)):
-        if len(input) != g.size:
-            raise ValueError(
-                f"reduce_scatter: input is a list of {len(input)} tensors but group {g.name!r} "
-                f"has {g.size} ranks (one shard per rank)"
-            )
-        _check_like("reduce_scatter", output, input, "an input shard")
-        sizes = [x.numel() for x in input]
-        if sizes[g.rank] != n:
-            raise ValueError(
-                f"reduce_scatter: this rank's shard (input[{g.rank}]) has {sizes[g.rank]} elements "
-                f"but output has {n}"
-            )
+        sizes = _check_per_rank_list("reduce_scatter", g, input, "input", "shard", output, "output")
         pieces = list(input)
     else:
         _check_like("reduce_scatter", output, [input], "input")
@@ -185,18 +202,7 @@ def all_gather(
     _check_tensor("all_gather", "input", input)
     n = input.numel()
     if isinstance(output, (list, tuple)):
-        if len(output) != g.size:
-            raise ValueError(
-                f"all_gather: output is a list of {len(output)} tensors but group {g.name!r} "
-                f"has {g.size} ranks (one per rank)"
-            )
-        _check_like("all_gather", input, output, "an output piece")
-        sizes = [o.numel() for o in output]
-        if sizes[g.rank] != n:
-            raise ValueError(
-                f"all_gather: this rank's piece (output[{g.rank}]) has {sizes[g.rank]} elements "
-                f"but input has {n}"
-            )
+        sizes = _check_per_rank_list("all_gather", g, output, "output", "piece", input, "input")
     else:
         _check_like("all_gather", input, [output], "output")
         if output.numel() != n * g.size:
