@@ -22,8 +22,11 @@ def simd_level(request):
 
 @pytest.fixture
 def gen() -> torch.Generator:
-    """A generator with a fresh seed per test (printed on failure via the test id)."""
-    seed = int.from_bytes(os.urandom(4), "little")
+    """A generator with a fresh seed per test, printed with a failure's output.
+
+    MEGALITH_TEST_SEED=<seed> replays a failure.
+    """
+    seed = int(os.environ.get("MEGALITH_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
     print(f"seed={seed}")
     return torch.Generator().manual_seed(seed)
 

@@ -68,7 +68,7 @@ def test_sgd_and_lion_flat(n):
     assert_fp32_accurate(*run_lists(lambda ps: FusedSGD(ps, lr=1e-2, **kw),
                                     lambda ps: torch.optim.SGD(ps, lr=1e-2, foreach=False, **kw), [(n,)], 100, seed))
     assert_fp32_accurate(*run_lists(lambda ps: FusedLion(ps, lr=1e-4, weight_decay=0.1),
-                                    lambda ps: RefLion(ps, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1), [(n,)], 100, seed))
+                                    lambda ps: RefLion(ps, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1), [(n,)], 100, seed), fixed_size_steps=100)
 
 
 def test_hybrid_adam_steps_cpu_and_gpu_params_together():

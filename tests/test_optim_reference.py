@@ -55,7 +55,14 @@ def run_three(make_ours, make_ref, n, steps, gen, grad_std=0.1):
     return ours.detach(), ref32.detach(), ref64.detach()
 
 
-def assert_fp32_accurate(ours, ref32, ref64):
+def assert_fp32_accurate(ours, ref32, ref64, fixed_size_steps=0):
+    """fixed_size_steps: steps whose update has a constant size (Lion's lr * sign).
+
+    Rounding such a step onto p's fp32 grid errs the same way every time, so the
+    error grows linearly (up to two half-ulps per step) rather than as a random walk;
+    which way it errs depends on the order of operations, so torch's fp32 error is
+    no yardstick for it on a handful of elements.
+    """
     err, torch_err = rel(ours, ref64), rel(ref32, ref64)
     if ours.numel() >= 1000:
         bound = max(1e-6, 1.1 * torch_err)
@@ -63,7 +70,7 @@ def assert_fp32_accurate(ours, ref32, ref64):
         # A handful of elements: fp32 rounding of p alone random-walks to ~1e-6
         # in 100 steps, and one element decides the norm, so torch's own error
         # is a noisy yardstick. Same order of magnitude is what can be asked.
-        bound = max(3e-6, 3.0 * torch_err)
+        bound = max(3e-6, 3.0 * torch_err, fixed_size_steps * 2 * 2.0**-24)
     assert err <= bound, f"megalith {err:.3g} vs float64; torch fp32 {torch_err:.3g}"
 
 
@@ -131,7 +138,7 @@ def test_lion_matches_reference(n, simd_level, gen):
         lambda ps: RefLion(ps, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1),
         n, 100, gen,
     )
-    assert_fp32_accurate(ours, r32, r64)
+    assert_fp32_accurate(ours, r32, r64, fixed_size_steps=100)
 
 
 def test_param_groups_and_missing_grads(gen):
