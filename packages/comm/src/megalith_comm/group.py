@@ -101,22 +101,27 @@ def unique_name(world: World, base: str) -> str:
     return name
 
 
-def new_group(ranks: Sequence[int], name: str | None = None) -> ProcessGroup | None:
+def new_group(
+    ranks: Sequence[int], name: str | None = None, exclusive: bool = False
+) -> ProcessGroup | None:
     """A group of the given global ranks; collective over the whole world.
 
     Every rank must call it with the same ranks and name, in the same order as its
     other new_group calls. Returns None on ranks that are not members.
     """
-    return new_groups([ranks], name)[0]
+    return new_groups([ranks], name, exclusive)[0]
 
 
 def new_groups(
-    partition: Sequence[Sequence[int]], name: str | None = None
+    partition: Sequence[Sequence[int]], name: str | None = None, exclusive: bool = False
 ) -> list[ProcessGroup | None]:
     """One group per entry of partition (lists of global ranks), collectively.
 
     Returns a list parallel to partition: the ProcessGroup for the entries this
-    rank is in, None elsewhere.
+    rank is in, None elsewhere. exclusive=True gives every group its own Gloo
+    group even when it spans the world (which otherwise reuses the world's): its
+    collectives then never queue behind, or interleave with, another group's,
+    so two streams of collectives issued in different orders cannot mismatch.
     """
     world = get_world()
     out: list[ProcessGroup | None] = []
@@ -132,7 +137,7 @@ def new_groups(
         label = unique_name(world, label)
         if len(ranks) == 1:
             gloo = None
-        elif ranks == tuple(range(world.world_size)):
+        elif ranks == tuple(range(world.world_size)) and not exclusive:
             gloo = dist.group.WORLD
         else:
             # Every rank calls torch's new_group, members or not (its rule).

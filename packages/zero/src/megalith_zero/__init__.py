@@ -1,6 +1,22 @@
-"""megalith_zero: ZeRO stage 1/2/3 sharding and mixed precision on the megalith engine.
+"""megalith_zero: ZeRO stages 1, 2 and 3 with mixed precision on the megalith engine.
 
-Nothing is implemented yet; see packages/zero/README.md for what is planned.
+    import megalith_comm as comm, megalith_zero as zero
+    comm.init()
+    model, opt = zero.shard(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
+                            zero.ZeroConfig(stage=2, precision="bf16"))
+    loss = loss_fn(model(x), y)
+    opt.backward(loss)
+    opt.clip_grad_norm_(1.0)
+    opt.step()
+    opt.zero_grad()
+
+See packages/zero/README.md.
 """
 
+from .api import ZeroModel, shard
+from .config import LossScaleConfig, ZeroConfig
+from .optimizer import ZeroOptimizer
+
 __version__ = "0.1.0"
+
+__all__ = ["LossScaleConfig", "ZeroConfig", "ZeroModel", "ZeroOptimizer", "__version__", "shard"]

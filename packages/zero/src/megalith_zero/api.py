@@ -1,0 +1,156 @@
+"""shard(): wrap a model and its optimizer for ZeRO over a data-parallel group."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import megalith_comm as comm
+
+from .chunk import FlatChunk
+from .config import ZeroConfig
+from .full_state import iter_full_params
+from .grads import GradReducer
+from .layout import Layout, chunk_numel_for, plan
+from .memory import StateMemory
+from .optimizer import ZeroOptimizer
+from .rule import check_group, rule_for
+from .stage3 import Stage3Hooks
+
+
+class ZeroModel(torch.nn.Module):
+    """The user's module, computing on chunk memory. `module` is the original object."""
+
+    def __init__(self, module: torch.nn.Module, chunks: list[FlatChunk], layout: Layout,
+                 memory: StateMemory, stage3: Stage3Hooks | None, group: comm.ProcessGroup):
+        super().__init__()
+        self.module = module
+        self.chunks = chunks
+        self.layout = layout
+        self.memory = memory
+        self.stage3 = stage3
+        self.group = group
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.module(*args, **kwargs)
+        if self.stage3 is not None and not torch.is_grad_enabled():
+            self.stage3.end_step()
+        return out
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter in fp32 (the master values) and every buffer, on every rank.
+        Gathered one chunk at a time; for models too large for one rank's memory,
+        stream with megalith_zero.full_state.iter_full_params or save_full()."""
+        out = dict(iter_full_params(self.chunks, self.group))
+        out.update({name: b.detach().clone() for name, b in self.module.named_buffers()})
+        return out
+
+    def memory_report(self) -> dict[str, Any]:
+        """Bytes of model state on this rank, by kind (current and peak)."""
+        return self.memory.report()
+
+
+def _param_groups(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.nn.Parameter, int]]:
+    group_of: dict[int, int] = {}
+    for gi, g in enumerate(optimizer.param_groups):
+        check_group(g, gi)
+        for p in g["params"]:
+            if id(p) in group_of:
+                raise ValueError(f"megalith_zero: a parameter appears in param groups {group_of[id(p)]} and {gi}")
+            group_of[id(p)] = gi
+    named = list(model.named_parameters())
+    in_model = {id(p) for _, p in named}
+    stray = [gi for gi, g in enumerate(optimizer.param_groups) for p in g["params"] if id(p) not in in_model]
+    if stray:
+        raise ValueError(
+            f"megalith_zero: param group {stray[0]} holds a parameter that is not in the model; "
+            "build the optimizer from model.parameters()"
+        )
+    out = []
+    for name, p in named:
+        if not p.is_floating_point():
+            raise TypeError(f"megalith_zero: parameter {name!r} is {p.dtype}; only floating-point parameters shard")
+        if p.requires_grad and id(p) not in group_of:
+            raise ValueError(
+                f"megalith_zero: parameter {name!r} requires grad but is in no param group of the optimizer; "
+                "add it, or set requires_grad=False to freeze it"
+            )
+        out.append((name, p, group_of[id(p)] if p.requires_grad else -1))
+    return out
+
+
+def shard(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: ZeroConfig | None = None,
+    group: comm.ProcessGroup | None = None,
+    mesh: comm.Mesh | None = None,
+    axis: str = "dp",
+) -> tuple[ZeroModel, ZeroOptimizer]:
+    """Shards `model`'s training state over `group` (default: all ranks), or over
+    `mesh`'s `axis` (every rank of the world calls it then, whatever its group).
+
+    Every rank calls it with the same model and optimizer construction; rank 0's
+    initial parameters are broadcast. The optimizer must be an Adam/AdamW, SGD or
+    Lion (torch's or megalith's); its state must be empty. Returns the model to
+    call and the optimizer to step: see ZeroOptimizer.
+    """
+    config = config or ZeroConfig()
+    if mesh is not None:
+        if group is not None:
+            raise ValueError("megalith_zero.shard: pass group or mesh, not both")
+        group, partition = mesh.group(axis), mesh.shape.partition([axis])
+    else:
+        group = comm.group.resolve(group)
+        world = comm.get_world().world_size
+        if group.size not in (1, world):
+            raise ValueError(
+                f"megalith_zero.shard: group {group.name!r} has {group.size} of {world} ranks; pass "
+                f"mesh=<the Mesh> and axis=<its data-parallel axis> instead, so that every rank "
+                "can create the helper groups collectively"
+            )
+        partition = [group.ranks]
+    rule = rule_for(optimizer)
+    if any(optimizer.state.values()):
+        raise ValueError("megalith_zero: the optimizer has already stepped; shard() wants a fresh one "
+                         "(load its state with ZeroOptimizer.load_state_dict afterwards)")
+    params = _param_groups(model, optimizer)
+    if not params:
+        raise ValueError("megalith_zero: the model has no parameters")
+    devices = {p.device for _, p, _ in params}
+    if len(devices) != 1:
+        raise ValueError(f"megalith_zero: parameters are on {sorted(map(str, devices))}; move the model to one device")
+    device = devices.pop()
+    if config.param_dtype != torch.float32 and device.type == "cpu" and config.fp16:
+        pass  # fp16 on CPU works (slowly); allowed for tests and debugging
+    with torch.no_grad():
+        src = group.global_rank(0)
+        for _, p, _ in params:
+            comm.broadcast(p.data, src=src, group=group)
+        for b in model.buffers():
+            comm.broadcast(b, src=src, group=group)
+
+    element = torch.empty((), dtype=config.param_dtype).element_size()
+    numel = chunk_numel_for([p.numel() for _, p, _ in params], config.chunk_bytes, element, group.size)
+    layout = plan(params, group.size, numel)
+    memory = StateMemory(device)
+    chunks = [
+        FlatChunk(spec, [params[s.param][1] for s in spec.slots], group.rank, config, memory, spec.group >= 0)
+        for spec in layout.chunks
+    ]
+    # Its own group for parameter gathers (see stage3.py for why).
+    gathers = comm.new_groups(partition, name=f"{group.name}.zero_gather", exclusive=True)
+    gather_group = next(g for g in gathers if g is not None)
+    stage3 = None
+    if config.stage == 3:
+        param_chunk = {id(params[s.param][1]): c for c in chunks for s in c.spec.slots}
+        stage3 = Stage3Hooks(model, chunks, param_chunk, gather_group, config.prefetch)
+    reducer = GradReducer(
+        chunks, group, config.overlap,
+        on_chunk_done=stage3.chunk_done if stage3 else None,
+        on_backward_end=stage3.end_step if stage3 else None,
+    )
+    zopt = ZeroOptimizer(optimizer, rule, chunks, reducer, group, gather_group, config)
+    zmodel = ZeroModel(model, chunks, layout, memory, stage3, group)
+    return zmodel, zopt

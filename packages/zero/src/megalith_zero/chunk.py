@@ -1,0 +1,207 @@
+"""FlatChunk: the buffers of one layout chunk on this rank, and the collectives that fill them.
+
+Per chunk (C elements, shard S = C / world, this rank's shard at [lo, lo + S)):
+
+=========== ====================== =================== ===================
+buffer      stage 1                stage 2             stage 3
+=========== ====================== =================== ===================
+full        working params, kept   working params, kept gathered per use
+shard       view of full           view of full        working params, kept
+master      fp32 S (the shard itself when training in fp32)
+full_grad   reduce dtype, kept     while reducing      while reducing
+shard_grad  view of full_grad      reduce dtype S      reduce dtype S
+=========== ====================== =================== ===================
+
+Model parameters are views of `full` (`param.data`), so the model computes on
+the chunk's memory directly. [Note: stage 3 storage] At stage 3 `full` is a
+torch storage resized to 0 bytes when released and back when gathered: autograd
+keeps views of parameters it saved for backward, and those stay valid only if
+the gather refills the same storage.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import megalith_comm as comm
+
+from .config import ZeroConfig
+from .layout import Chunk
+from .memory import StateMemory
+
+
+class FlatChunk:
+    def __init__(
+        self,
+        spec: Chunk,
+        params: list[torch.nn.Parameter],
+        rank: int,
+        config: ZeroConfig,
+        memory: StateMemory,
+        trainable: bool,
+    ):
+        self.spec = spec
+        self.params = params
+        self.rank = rank
+        self.stage = config.stage
+        self.trainable = trainable
+        self.memory = memory
+        self.lo = rank * spec.shard_numel
+        wd, rd = config.param_dtype, config.grad_reduce_dtype
+        self.reduce_dtype = rd
+        device = memory.device
+        n, s = spec.numel, spec.shard_numel
+
+        if self.stage == 3:
+            self.shard = memory.zeros("params", s, wd)
+            self.full = torch.zeros(n, dtype=wd, device=device)
+            self._storage = self.full.untyped_storage()
+            self._full_bytes = self._storage.nbytes()
+            memory.gathered.add(self._full_bytes)
+            self.is_gathered = True
+        else:
+            self.full = memory.zeros("params", n, wd)
+            self.shard = self.full[self.lo : self.lo + s]
+
+        # Master values come from the parameters as the user built them (fp32),
+        # before they are rounded to the working dtype.
+        if trainable and wd != torch.float32:
+            self.master = memory.zeros("master", s, torch.float32)
+            for seg in spec.segments(rank):
+                src = params[spec.slots.index(seg.slot)].detach().reshape(-1)
+                self.master[seg.shard_start : seg.shard_start + seg.length].copy_(
+                    src[seg.param_start : seg.param_start + seg.length]
+                )
+        with torch.no_grad():
+            for slot, p in zip(spec.slots, params):
+                self.full[slot.offset : slot.offset + slot.numel].copy_(p.detach().reshape(-1))
+        if self.stage == 3:
+            self.shard.copy_(self.full[self.lo : self.lo + s])
+        if trainable and wd == torch.float32:
+            self.master = self.shard
+        for slot, p in zip(spec.slots, params):
+            p.data = self.full[slot.offset : slot.offset + slot.numel].view(slot.shape)
+        if self.stage == 3:
+            self.release()
+
+        self.full_grad: torch.Tensor | None = None
+        if trainable and self.stage == 1:
+            self.full_grad = memory.zeros("grads", n, rd)
+            self.shard_grad = self.full_grad[self.lo : self.lo + s]
+        elif trainable:
+            self.shard_grad = memory.zeros("grads", s, rd)
+        self._stage1_acc: torch.Tensor | None = None
+        self._reduce_out: torch.Tensor | None = None
+        self.present = [False] * len(spec.slots)  # grad in full_grad since the last reduction
+        self.used = [False] * len(spec.slots)  # grad arrived on this rank since the last step
+        self.grad_valid = False  # shard_grad holds reduced gradients since the last step
+        self.states: dict[str, torch.Tensor] = {}
+        self.steps = [0] * len(spec.slots)  # optimizer steps taken, per parameter
+
+    # -- stage 3: gather and release ----------------------------------------
+    def gather(self, group: comm.ProcessGroup) -> comm.Handle | None:
+        """Starts refilling `full` from every rank's shard; None when already there."""
+        if self.is_gathered:
+            return None
+        self._storage.resize_(self._full_bytes)
+        self.memory.gathered.add(self._full_bytes)
+        self.is_gathered = True
+        return comm.all_gather(self.full, self.shard, group=group, async_op=True)
+
+    def release(self) -> None:
+        if self.stage == 3 and self.is_gathered:
+            self._storage.resize_(0)
+            self.memory.gathered.add(-self._full_bytes)
+            self.is_gathered = False
+
+    # -- gradients ------------------------------------------------------------
+    def add_grad(self, index: int, grad: torch.Tensor) -> None:
+        """Adds one parameter's gradient (this rank's, unreduced) to full_grad."""
+        slot = self.spec.slots[index]
+        if self.full_grad is None:
+            self.full_grad = self.memory.zeros("grads_in_flight", self.spec.numel, self.reduce_dtype)
+        elif self.stage == 1 and self.grad_valid and self._stage1_acc is None and not any(self.present):
+            # Stage 1 reduces in place: keep the reduced shard before new grads overwrite it.
+            self._stage1_acc = self.memory.empty("grads_in_flight", self.spec.shard_numel, self.reduce_dtype)
+            self._stage1_acc.copy_(self.shard_grad)
+            self.grad_valid = False
+        dst = self.full_grad[slot.offset : slot.offset + slot.numel]
+        if self.present[index]:
+            dst.add_(grad.reshape(-1))
+        else:
+            dst.copy_(grad.reshape(-1))
+        self.present[index] = True
+        self.used[index] = True
+
+    def complete(self) -> bool:
+        return all(self.present)
+
+    def reduce(self, group: comm.ProcessGroup) -> comm.Handle:
+        """Starts averaging full_grad over the group (stage 1) or reduce-scattering
+        it into this rank's shard (stages 2, 3). finish_reduce() completes it."""
+        if self.full_grad is None:
+            self.full_grad = self.memory.zeros("grads_in_flight", self.spec.numel, self.reduce_dtype)
+        for i, slot in enumerate(self.spec.slots):
+            if not self.present[i]:  # unused here: contributes zeros
+                self.full_grad[slot.offset : slot.offset + slot.numel].zero_()
+        self.present = [False] * len(self.spec.slots)
+        if self.stage == 1:
+            return comm.all_reduce(self.full_grad, op="avg", group=group, async_op=True)
+        if self.grad_valid:
+            out = self._reduce_out = self.memory.empty("grads_in_flight", self.spec.shard_numel, self.reduce_dtype)
+        else:
+            out = self.shard_grad
+        return comm.reduce_scatter(out, self.full_grad, op="avg", group=group, async_op=True)
+
+    def finish_reduce(self) -> None:
+        if self.stage == 1:
+            if self._stage1_acc is not None:
+                self.shard_grad.add_(self._stage1_acc)
+                self._stage1_acc = None
+        else:
+            if self._reduce_out is not None:
+                self.shard_grad.add_(self._reduce_out)
+                self._reduce_out = None
+            self.full_grad = None
+        self.grad_valid = True
+
+    def zero_grad(self) -> None:
+        self.grad_valid = False
+        self.used = [False] * len(self.spec.slots)
+        self.present = [False] * len(self.spec.slots)
+        self._stage1_acc = None
+        if self.stage != 1:
+            self.full_grad = None
+
+    # -- optimizer --------------------------------------------------------------
+    def ensure_states(self, names: tuple[str, ...]) -> None:
+        for name in names:
+            if name not in self.states:
+                self.states[name] = self.memory.zeros("optim_states", self.spec.shard_numel, torch.float32)
+
+    def step_pieces(self, used: list[bool]) -> list[tuple[int, slice, list[int]]]:
+        """(step number to take, shard range, slot indices) runs for the fused update.
+
+        The whole shard is one piece when every parameter in it was used and all
+        have taken the same number of steps (the usual case); otherwise one piece
+        per run of used parameters with equal step counts (padding is skipped).
+        """
+        segs = self.spec.segments(self.rank)
+        if not segs:
+            return []
+        index = {s: i for i, s in enumerate(self.spec.slots)}
+        mine = [index[s.slot] for s in segs]
+        if all(used[i] for i in mine) and len({self.steps[i] for i in mine}) == 1:
+            return [(self.steps[mine[0]] + 1, slice(0, self.spec.shard_numel), mine)]
+        pieces: list[tuple[int, slice, list[int]]] = []
+        for seg, i in zip(segs, mine):
+            if not used[i]:
+                continue
+            step = self.steps[i] + 1
+            a, b = seg.shard_start, seg.shard_start + seg.length
+            if pieces and pieces[-1][0] == step and pieces[-1][1].stop == a:
+                prev = pieces[-1]
+                pieces[-1] = (step, slice(prev[1].start, b), [*prev[2], i])
+            else:
+                pieces.append((step, slice(a, b), [i]))
+        return pieces

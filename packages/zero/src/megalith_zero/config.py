@@ -1,0 +1,116 @@
+"""ZeroConfig: what to shard and in which precision, validated before any collective."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_PRECISIONS = {
+    None: None,
+    "fp32": None,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    torch.float32: None,
+    torch.bfloat16: torch.bfloat16,
+    torch.float16: torch.float16,
+}
+
+
+def working_dtype(precision: object) -> torch.dtype | None:
+    """None for fp32 training, else the dtype the model computes in."""
+    try:
+        return _PRECISIONS[precision]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"ZeroConfig: precision={precision!r}; expected 'fp32', 'bf16' or 'fp16' "
+            "(or the matching torch dtype)"
+        ) from None
+
+
+@dataclass(frozen=True)
+class LossScaleConfig:
+    """Dynamic loss scaling for fp16 (ignored for bf16/fp32).
+
+    The scale starts at `initial`; a step whose gradients hold inf/nan is
+    skipped and the scale multiplied by `backoff`; after `growth_interval`
+    clean steps in a row it is multiplied by `growth` (up to `max_scale`).
+    These are torch.amp.GradScaler's rules and defaults, so a run can be
+    compared step for step with one.
+    """
+
+    initial: float = 2.0**16
+    growth: float = 2.0
+    backoff: float = 0.5
+    growth_interval: int = 2000
+    min_scale: float = 1.0
+    max_scale: float = 2.0**24
+
+    def __post_init__(self) -> None:
+        if not self.initial > 0:
+            raise ValueError(f"LossScaleConfig: initial={self.initial}; expected > 0")
+        if not self.growth > 1:
+            raise ValueError(f"LossScaleConfig: growth={self.growth}; expected > 1")
+        if not 0 < self.backoff < 1:
+            raise ValueError(f"LossScaleConfig: backoff={self.backoff}; expected 0 < backoff < 1")
+        if self.growth_interval < 1:
+            raise ValueError(f"LossScaleConfig: growth_interval={self.growth_interval}; expected >= 1")
+        if not 0 < self.min_scale <= self.initial <= self.max_scale:
+            raise ValueError(
+                f"LossScaleConfig: expected 0 < min_scale ({self.min_scale}) <= initial "
+                f"({self.initial}) <= max_scale ({self.max_scale})"
+            )
+
+
+@dataclass(frozen=True)
+class ZeroConfig:
+    """How megalith_zero shards a model's training state over the data-parallel group.
+
+    stage: 1 shards optimizer states (gradients all-reduced, every rank keeps
+        full parameters and gradients); 2 also shards gradients (reduce-scattered
+        as backward produces them); 3 also shards parameters (gathered per module
+        just before use, freed after).
+    precision: "fp32", "bf16" or "fp16": the dtype of the working parameters the
+        model computes with. The optimizer always updates fp32 master shards.
+    reduce_dtype: dtype gradients are reduced in; None means the working dtype.
+        "fp32" costs twice the traffic of bf16 and avoids rounding the sum.
+    chunk_bytes: target size of a chunk (a group of consecutive parameters that
+        is reduced, gathered and stepped as one flat buffer). 0 picks a size that
+        wastes the fewest padding bytes between 1 and 64 MiB (the engine's search).
+    prefetch: stage 3: how many chunks ahead of the running module are gathered.
+    loss_scale: fp16 only; see LossScaleConfig.
+    overlap: reduce gradients asynchronously while backward continues.
+    """
+
+    stage: int = 2
+    precision: str | torch.dtype | None = "fp32"
+    reduce_dtype: str | torch.dtype | None = None
+    chunk_bytes: int = 0
+    prefetch: int = 1
+    loss_scale: LossScaleConfig = LossScaleConfig()
+    overlap: bool = True
+
+    def __post_init__(self) -> None:
+        if self.stage not in (1, 2, 3):
+            raise ValueError(f"ZeroConfig: stage={self.stage!r}; expected 1, 2 or 3")
+        working_dtype(self.precision)
+        if self.reduce_dtype is not None:
+            working_dtype(self.reduce_dtype)
+        if self.chunk_bytes < 0:
+            raise ValueError(f"ZeroConfig: chunk_bytes={self.chunk_bytes}; expected >= 0 (0 = search)")
+        if self.prefetch < 0:
+            raise ValueError(f"ZeroConfig: prefetch={self.prefetch}; expected >= 0")
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        return working_dtype(self.precision) or torch.float32
+
+    @property
+    def grad_reduce_dtype(self) -> torch.dtype:
+        if self.reduce_dtype is None:
+            return self.param_dtype
+        return working_dtype(self.reduce_dtype) or torch.float32
+
+    @property
+    def fp16(self) -> bool:
+        return self.param_dtype == torch.float16

@@ -1,0 +1,33 @@
+"""Full (unsharded) parameters, gathered one chunk at a time.
+
+Never more than one chunk's worth of gathered fp32 values exists at once: the
+caller consumes (or writes out) each chunk's parameters before the next chunk is
+gathered, so saving a model far larger than one rank's memory works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+import megalith_comm as comm
+
+from .chunk import FlatChunk
+
+
+def gathered_chunk(chunk: FlatChunk, group: comm.ProcessGroup) -> torch.Tensor:
+    """The chunk's full fp32 values (trainable: the master; frozen: the working params)."""
+    src = chunk.master if chunk.trainable else chunk.shard
+    out = torch.empty(chunk.spec.numel, dtype=src.dtype, device=src.device)
+    comm.all_gather(out, src.contiguous(), group=group)
+    return out if out.dtype == torch.float32 else out.float()
+
+
+def iter_full_params(chunks: list[FlatChunk], group: comm.ProcessGroup) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, fp32 tensor) for every parameter, in chunk order; every rank of the
+    group must consume it in step (each chunk is one all-gather)."""
+    for c in chunks:
+        flat = gathered_chunk(c, group)
+        for s in c.spec.slots:
+            yield s.name, flat[s.offset : s.offset + s.numel].view(s.shape).clone()

@@ -1,0 +1,93 @@
+"""GradReducer: gradients from autograd into chunk buffers, reduced as chunks fill.
+
+Each trainable parameter gets a post-accumulate-grad hook: its gradient is added
+to its chunk's full_grad and `param.grad` dropped. A chunk is reduced (stage 1:
+all-reduce, stages 2/3: reduce-scatter) once every one of its parameters has
+delivered this backward, asynchronously, so communication runs while backward
+goes on. [Note: reduce order] Chunks are reduced strictly in descending index
+order (the order backward fills them in), and whatever has not gone when backward
+ends goes then, in the same order: every rank issues the same collectives in the
+same order even when different ranks leave different parameters unused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+import megalith_comm as comm
+
+from .chunk import FlatChunk
+
+
+class GradReducer:
+    def __init__(
+        self,
+        chunks: list[FlatChunk],
+        group: comm.ProcessGroup,
+        overlap: bool,
+        on_chunk_done: Callable[[FlatChunk], None] | None = None,
+        on_backward_end: Callable[[], None] | None = None,
+    ):
+        self.chunks = [c for c in chunks if c.trainable]
+        self.group = group
+        self.overlap = overlap
+        self.on_chunk_done = on_chunk_done  # stage 3 releases gathered params here
+        self.on_backward_end = on_backward_end
+        self.sync = True
+        self._next = len(self.chunks) - 1
+        self._pending: list[tuple[FlatChunk, comm.Handle]] = []
+        self._arrived = [0] * len(self.chunks)
+        self._in_backward = False
+        self._hooks = []
+        for k, c in enumerate(self.chunks):
+            for i, p in enumerate(c.params):
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._hook(k, i)))
+
+    def _hook(self, k: int, i: int) -> Callable[[torch.Tensor], None]:
+        def on_grad(p: torch.Tensor) -> None:
+            if not self._in_backward:
+                self._in_backward = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+            chunk = self.chunks[k]
+            with torch.no_grad():
+                chunk.add_grad(i, p.grad)
+            p.grad = None
+            self._arrived[k] += 1
+            if self._arrived[k] == len(chunk.params):
+                if self.on_chunk_done is not None:
+                    self.on_chunk_done(chunk)
+                if self.sync and self.overlap:
+                    self._launch(until_complete=True)
+
+        return on_grad
+
+    def _launch(self, until_complete: bool) -> None:
+        while self._next >= 0:
+            k = self._next
+            if until_complete and self._arrived[k] < len(self.chunks[k].params):
+                return
+            c = self.chunks[k]
+            self._pending.append((c, c.reduce(self.group)))
+            self._next -= 1
+
+    def _end_backward(self) -> None:
+        self._in_backward = False
+        if self.sync:
+            self._launch(until_complete=False)
+            self.wait()
+        self._next = len(self.chunks) - 1
+        self._arrived = [0] * len(self.chunks)
+        if self.on_backward_end is not None:
+            self.on_backward_end()
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, []
+        for c, handle in pending:
+            handle.wait()
+            c.finish_reduce()
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()

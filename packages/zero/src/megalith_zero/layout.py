@@ -1,0 +1,167 @@
+"""Where every parameter lives: chunks of consecutive parameters, and each rank's shard of a chunk.
+
+A chunk is one flat buffer holding several parameters of one optimizer param
+group at aligned offsets, padded so that it splits into `world` equal shards.
+Rank r owns elements [r * S, (r + 1) * S) of every chunk (S = numel / world):
+its fp32 master copy, optimizer states and reduced gradients of exactly those
+elements. A shard may start or end inside a parameter; `Chunk.segments(r)` says
+which parts of which parameters it holds.
+
+The layout depends only on the parameters, the param groups, the chunk size and
+the world size, so every rank computes the same one without talking, and a
+checkpoint written under one layout can be mapped onto another by parameter
+name and element range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+#: Parameters start at multiples of this many elements (64 bytes of fp32), so
+#: each one's view is aligned for the engine's SIMD kernels.
+ALIGN_ELEMENTS = 16
+
+
+def round_up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One parameter inside a chunk."""
+
+    param: int  # index in the layout's parameter list
+    name: str
+    shape: tuple[int, ...]
+    offset: int  # first element in the chunk
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Elements [param_start, param_start + length) of a parameter, held at
+    [shard_start, shard_start + length) of a rank's shard."""
+
+    slot: Slot
+    param_start: int
+    shard_start: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    index: int
+    group: int  # optimizer param group
+    numel: int  # padded: a multiple of world * ALIGN_ELEMENTS
+    slots: tuple[Slot, ...]
+    world: int
+
+    @property
+    def shard_numel(self) -> int:
+        return self.numel // self.world
+
+    @property
+    def used(self) -> int:
+        last = self.slots[-1]
+        return last.offset + last.numel
+
+    def segments(self, rank: int) -> list[Segment]:
+        lo, hi = rank * self.shard_numel, (rank + 1) * self.shard_numel
+        out = []
+        for s in self.slots:
+            a, b = max(lo, s.offset), min(hi, s.offset + s.numel)
+            if a < b:
+                out.append(Segment(s, a - s.offset, a - lo, b - a))
+        return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    world: int
+    chunks: tuple[Chunk, ...]
+    names: tuple[str, ...]  # parameter names by index
+
+    def slot_of(self, param: int) -> tuple[Chunk, Slot]:
+        for c in self.chunks:
+            for s in c.slots:
+                if s.param == param:
+                    return c, s
+        raise KeyError(param)
+
+    def state_bytes(self, dtype_bytes: int) -> int:
+        return sum(c.numel for c in self.chunks) * dtype_bytes
+
+
+def chunk_numel_for(
+    numels: Sequence[int], chunk_bytes: int, element_bytes: int, world: int
+) -> int:
+    """Capacity in elements: chunk_bytes when given (at least the largest parameter),
+    else the engine's search for the least padding between 1 MiB and 64 MiB."""
+    align = world * ALIGN_ELEMENTS
+    largest = max((round_up(n, ALIGN_ELEMENTS) for n in numels), default=ALIGN_ELEMENTS)
+    if chunk_bytes:
+        return round_up(max(chunk_bytes // element_bytes, largest), align)
+    from megalith import _engine
+
+    sizes = [round_up(n, ALIGN_ELEMENTS) * element_bytes for n in numels]
+    lo = min(1 << 20, max(sizes, default=1))
+    hi = max(64 << 20, max(sizes, default=1))
+    capacity, _ = _engine.memory.search_chunk_capacity(
+        sizes, lo, hi, ALIGN_ELEMENTS * element_bytes
+    )
+    return round_up(max(capacity // element_bytes, largest), align)
+
+
+def plan(
+    params: Sequence[tuple[str, torch.Tensor, int]],
+    world: int,
+    chunk_numel: int,
+) -> Layout:
+    """params: (name, parameter, param group) in model order.
+
+    Walking the model in order, each param group keeps one open chunk; a
+    parameter that does not fit closes it. Chunks are then numbered by their
+    first parameter: close to forward order, and its reverse close to the order
+    in which backward finishes them. A chunk is trimmed to what it holds
+    (rounded to whole aligned shards), so small models waste no capacity.
+    """
+    if world < 1:
+        raise ValueError(f"world size {world}; expected >= 1")
+    align = world * ALIGN_ELEMENTS
+    if chunk_numel % align:
+        raise ValueError(f"chunk of {chunk_numel} elements does not split into {world} aligned shards")
+    open_: dict[int, list[Slot]] = {}
+    fill: dict[int, int] = {}
+    chunks: list[Chunk] = []
+
+    def close(group: int) -> None:
+        slots = open_.pop(group)
+        used = fill.pop(group)
+        chunks.append(Chunk(len(chunks), group, min(chunk_numel, round_up(used, align)), tuple(slots), world))
+
+    for index, (name, p, group) in enumerate(params):
+        n = p.numel()
+        if group in open_ and round_up(fill[group], ALIGN_ELEMENTS) + n > chunk_numel:
+            close(group)
+        start = round_up(fill.get(group, 0), ALIGN_ELEMENTS)
+        open_.setdefault(group, []).append(Slot(index, name, tuple(p.shape), start))
+        fill[group] = start + n
+        if n > chunk_numel:
+            raise ValueError(
+                f"parameter {name!r} has {n} elements, more than a chunk ({chunk_numel}); "
+                "raise ZeroConfig.chunk_bytes or leave it 0 to size chunks automatically"
+            )
+    for group in sorted(open_, key=lambda g: open_[g][0].param):
+        close(group)
+    chunks.sort(key=lambda c: c.slots[0].param)
+    chunks = [Chunk(i, c.group, c.numel, c.slots, world) for i, c in enumerate(chunks)]
+    return Layout(world, tuple(chunks), tuple(name for name, _, _ in params))

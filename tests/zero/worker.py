@@ -1,0 +1,56 @@
+"""What each rank runs in the ZeRO tests (module-level, so spawned ranks can import it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import megalith_comm as comm
+import megalith_zero as zero
+
+from . import toy
+
+
+@dataclass(frozen=True)
+class Case:
+    stage: int
+    precision: str = "fp32"
+    accumulate: int = 1
+    no_sync: bool = False
+    max_norm: float | None = None
+    steps: int = 20
+    seed: int = 0
+    chunk_bytes: int = 1024  # small: many chunks, shards cut through parameters
+
+
+def train(rank: int, case: Case):
+    """Trains the toy model under ZeRO; returns (losses, full fp32 params) on rank 0."""
+    world = comm.get_world()
+    n = world.world_size
+    model = toy.make_model(case.seed)
+    opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
+    zmodel, zopt = zero.shard(
+        model, opt, zero.ZeroConfig(stage=case.stage, precision=case.precision, chunk_bytes=case.chunk_bytes)
+    )
+    rows = toy.BATCH // n
+    losses = []
+    for micro in toy.batches(case.seed, case.steps, case.accumulate):
+        total = torch.zeros((), dtype=torch.float64)
+        for i, (x, y) in enumerate(micro):
+            xs, ys = x[rank * rows : (rank + 1) * rows], y[rank * rows : (rank + 1) * rows]
+            loss = toy.loss_fn(zmodel, xs, ys) / case.accumulate
+            if case.no_sync and i < case.accumulate - 1:
+                with zopt.no_sync():
+                    zopt.backward(loss)
+            else:
+                zopt.backward(loss)
+            total += float(loss.detach())
+        if case.max_norm is not None:
+            zopt.clip_grad_norm_(case.max_norm)
+        zopt.step()
+        zopt.zero_grad()
+        comm.all_reduce(total, op="avg")
+        losses.append(float(total))
+    state = zmodel.full_state_dict()
+    return (losses, {k: v for k, v in state.items()}) if rank == 0 else None
