@@ -1,0 +1,24 @@
+#pragma once
+// Pageable host memory from the C library (posix_memalign / _aligned_malloc).
+
+#include <string>
+
+#include "megalith/memory/resource.h"
+
+namespace megalith::memory {
+
+class MEGALITH_API HostResource final : public Resource {
+ public:
+  HostResource() = default;
+  Tier tier() const override { return Tier::host; }
+  std::string name() const override { return "host"; }
+
+ private:
+  void* do_allocate(std::size_t bytes, std::size_t alignment) override;
+  void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment) noexcept override;
+};
+
+/// Bytes of physical host memory available now (for out-of-memory messages).
+MEGALITH_API std::size_t host_available_bytes();
+
+}  // namespace megalith::memory
