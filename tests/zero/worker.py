@@ -22,6 +22,10 @@ class Case:
     steps: int = 20
     seed: int = 0
     chunk_bytes: int = 1024  # small: many chunks, shards cut through parameters
+    save_after: int = 0  # steps after which to save_sharded into save_dir (0: never)
+    save_dir: str = ""
+    resume: str = ""  # a sharded checkpoint to load first
+    first_step: int = 0  # the step the data starts at (after a resume)
 
 
 def train(rank: int, case: Case):
@@ -33,9 +37,12 @@ def train(rank: int, case: Case):
     zmodel, zopt = zero.shard(
         model, opt, zero.ZeroConfig(stage=case.stage, precision=case.precision, chunk_bytes=case.chunk_bytes)
     )
+    if case.resume:
+        zero.load_sharded(zmodel, zopt, case.resume)
     rows = toy.BATCH // n
     losses = []
-    for micro in toy.batches(case.seed, case.steps, case.accumulate):
+    data = toy.batches(case.seed, case.steps, case.accumulate)[case.first_step :]
+    for step, micro in enumerate(data, start=case.first_step + 1):
         total = torch.zeros((), dtype=torch.float64)
         for i, (x, y) in enumerate(micro):
             xs, ys = x[rank * rows : (rank + 1) * rows], y[rank * rows : (rank + 1) * rows]
@@ -52,5 +59,7 @@ def train(rank: int, case: Case):
         zopt.zero_grad()
         comm.all_reduce(total, op="avg")
         losses.append(float(total))
+        if step == case.save_after:
+            zero.save_sharded(zmodel, zopt, case.save_dir)
     state = zmodel.full_state_dict()
     return (losses, {k: v for k, v in state.items()}) if rank == 0 else None

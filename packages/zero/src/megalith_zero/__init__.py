@@ -14,9 +14,21 @@ See packages/zero/README.md.
 """
 
 from .api import ZeroModel, shard
+from .checkpoint import load_full, load_sharded, save_full, save_sharded
 from .config import LossScaleConfig, ZeroConfig
 from .optimizer import ZeroOptimizer
 
 __version__ = "0.1.0"
 
-__all__ = ["LossScaleConfig", "ZeroConfig", "ZeroModel", "ZeroOptimizer", "__version__", "shard"]
+__all__ = [
+    "LossScaleConfig",
+    "ZeroConfig",
+    "ZeroModel",
+    "ZeroOptimizer",
+    "__version__",
+    "load_full",
+    "load_sharded",
+    "save_full",
+    "save_sharded",
+    "shard",
+]

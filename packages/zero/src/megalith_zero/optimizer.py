@@ -159,9 +159,10 @@ class ZeroOptimizer:
         self._end_step()
         return True
 
-    def _gather_params(self) -> None:
+    def _gather_params(self, chunks: list[FlatChunk] | None = None) -> None:
+        """Stages 1, 2: every rank's updated shard into everyone's full params."""
         handles = []
-        for c in self.trainable:
+        for c in self.trainable if chunks is None else chunks:
             mine = c.shard.clone()  # the shard is a view of full, the all-gather's output
             handles.append(comm.all_gather(c.full, mine, group=self.gather_group, async_op=True))
         for h in handles:

@@ -1,0 +1,309 @@
+"""Checkpoints: sharded (each rank writes its own shard) and full (safetensors, streamed).
+
+Sharded layout of a checkpoint directory:
+    zero_meta.json           the layout (chunks, slots, world size), per-parameter
+                             step counts, loss scale, optimizer hyperparameters
+    rank00000.safetensors    rank 0's "c<k>.master", "c<k>.<state>" (and "c<k>.params"
+    rank00001.safetensors    for frozen chunks), one tensor per chunk
+A checkpoint written at world size N loads at any M: the loader maps each of its
+shard segments (parameter name, element range) onto the pieces of the old shards
+that hold it and reads just those slices.
+
+Writes are atomic: every rank writes to a temporary name and renames; rank 0
+writes zero_meta.json last, after a barrier, so a directory without it (a crash
+mid-save) is never taken for a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import megalith_comm as comm
+
+from .api import ZeroModel
+from .full_state import iter_full_params
+from .layout import Chunk, Slot
+from .optimizer import ZeroOptimizer
+
+META = "zero_meta.json"
+FORMAT = 1
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank{rank:05d}.safetensors"
+
+
+def _atomic_save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+    os.replace(tmp, path)
+
+
+def _atomic_json(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def _layout_meta(zmodel: ZeroModel, zopt: ZeroOptimizer) -> dict[str, Any]:
+    steps = {}
+    for c in zmodel.chunks:
+        for s, n in zip(c.spec.slots, c.steps):
+            steps[s.name] = n
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in zopt.optimizer.param_groups]
+    return {
+        "format": FORMAT,
+        "world": zmodel.layout.world,
+        "stage": zopt.config.stage,
+        "precision": str(zopt.config.param_dtype),
+        "rule": zopt.rule.kind,
+        "chunks": [
+            {
+                "group": c.spec.group,
+                "numel": c.spec.numel,
+                "slots": [[s.param, s.name, list(s.shape), s.offset] for s in c.spec.slots],
+            }
+            for c in zmodel.chunks
+        ],
+        "steps": steps,
+        "loss_scale": zopt.scaler.state_dict() if zopt.scaler else None,
+        "param_groups": groups,
+    }
+
+
+def save_sharded(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike) -> None:
+    """Every rank of the group writes its shards; collective."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    zopt.reducer.wait()
+    tensors: dict[str, torch.Tensor] = {}
+    for c in zmodel.chunks:
+        k = c.spec.index
+        if c.trainable:
+            tensors[f"c{k}.master"] = c.master
+            for name, t in c.states.items():
+                tensors[f"c{k}.{name}"] = t
+        else:
+            tensors[f"c{k}.params"] = c.shard
+    _atomic_save(tensors, path / _rank_file(zmodel.group.rank))
+    comm.barrier(group=zmodel.group)
+    if zmodel.group.rank == 0:
+        _atomic_json(_layout_meta(zmodel, zopt), path / META)
+    comm.barrier(group=zmodel.group)
+
+
+class _OldShards:
+    """Reads element ranges of parameters out of a sharded checkpoint of any world size."""
+
+    def __init__(self, path: Path, meta: dict[str, Any], files: ExitStack):
+        self.path = path
+        self.files = files
+        self._open: dict[int, Any] = {}
+        self.pieces: dict[str, list[tuple[int, int, int, int, int]]] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        world = meta["world"]
+        for k, c in enumerate(meta["chunks"]):
+            slots = tuple(Slot(p, name, tuple(shape), off) for p, name, shape, off in c["slots"])
+            chunk = Chunk(k, c["group"], c["numel"], slots, world)
+            for s in slots:
+                self.shapes[s.name] = s.shape
+            for r in range(world):
+                for seg in chunk.segments(r):
+                    self.pieces.setdefault(seg.slot.name, []).append(
+                        (r, k, seg.shard_start, seg.param_start, seg.length)
+                    )
+
+    def _file(self, rank: int) -> Any:
+        if rank not in self._open:
+            f = safe_open(str(self.path / _rank_file(rank)), framework="pt")
+            self._open[rank] = self.files.enter_context(f)
+        return self._open[rank]
+
+    def has(self, name: str, kind: str) -> bool:
+        r, k, *_ = self.pieces[name][0]
+        return f"c{k}.{kind}" in self._file(r).keys()
+
+    def read(self, name: str, kind: str, start: int, length: int, out: torch.Tensor) -> None:
+        """Elements [start, start + length) of parameter `name`'s `kind` into `out`."""
+        if name not in self.pieces:
+            raise KeyError(f"checkpoint {self.path} has no parameter {name!r}")
+        stop = start + length
+        for r, k, shard_start, p_start, n in self.pieces[name]:
+            a, b = max(start, p_start), min(stop, p_start + n)
+            if a >= b:
+                continue
+            src = self._file(r).get_slice(f"c{k}.{kind}")
+            lo = shard_start + (a - p_start)
+            out[a - start : b - start].copy_(src[lo : lo + (b - a)])
+
+
+def load_sharded(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike) -> None:
+    """Loads a checkpoint written by save_sharded at any world size; collective."""
+    path = Path(path)
+    meta_path = path / META
+    if not meta_path.exists():
+        raise FileNotFoundError(
+            f"{path} is not a megalith_zero sharded checkpoint ({META} is missing; a save that "
+            "crashed leaves none, so load the previous checkpoint)"
+        )
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{meta_path}: format {meta.get('format')}; this megalith_zero reads format {FORMAT}")
+    if meta["rule"] != zopt.rule.kind:
+        raise ValueError(
+            f"{path} holds {meta['rule']} optimizer states but the optimizer is {zopt.rule.kind}; "
+            "build the same kind of optimizer as the one that saved it"
+        )
+    zopt.zero_grad()
+    if zmodel.stage3 is not None:
+        zmodel.stage3.end_step()
+    rank = zmodel.group.rank
+    with ExitStack() as files:
+        old = _OldShards(path, meta, files)
+        for c in zmodel.chunks:
+            for s in c.spec.slots:
+                if tuple(old.shapes.get(s.name, ())) != s.shape:
+                    raise ValueError(
+                        f"{path}: parameter {s.name!r} has shape {list(old.shapes.get(s.name, ()))} "
+                        f"there but {list(s.shape)} in the model: a checkpoint of another model"
+                    )
+            with torch.no_grad():
+                for seg in c.spec.segments(rank):
+                    dst = slice(seg.shard_start, seg.shard_start + seg.length)
+                    if not c.trainable:
+                        old.read(seg.slot.name, "params", seg.param_start, seg.length, c.shard[dst])
+                        continue
+                    old.read(seg.slot.name, "master", seg.param_start, seg.length, c.master[dst])
+                    names = zopt.rule.state_names(zopt.optimizer.param_groups[c.spec.group])
+                    c.ensure_states(names)
+                    for state in names:
+                        if old.has(seg.slot.name, state):
+                            old.read(seg.slot.name, state, seg.param_start, seg.length, c.states[state][dst])
+                if c.trainable and c.master.data_ptr() != c.shard.data_ptr():
+                    c.shard.copy_(c.master)
+            c.steps = [int(meta["steps"].get(s.name, 0)) for s in c.spec.slots]
+    for group, saved in zip(zopt.optimizer.param_groups, meta["param_groups"]):
+        for key, value in saved.items():
+            group[key] = tuple(value) if isinstance(value, list) else value
+    if zopt.scaler is not None and meta["loss_scale"] is not None:
+        zopt.scaler.load_state_dict(meta["loss_scale"])
+    if zopt.config.stage in (1, 2):
+        zopt._gather_params(zmodel.chunks)
+    comm.barrier(group=zmodel.group)
+
+
+def save_full(
+    zmodel: ZeroModel,
+    path: str | os.PathLike,
+    max_shard_bytes: int = 5 << 30,
+    dtype: torch.dtype = torch.float32,
+) -> None:
+    """The whole model as safetensors files plus model.safetensors.index.json (the
+    layout transformers reads), written by rank 0; collective.
+
+    Streamed: parameters are gathered one chunk at a time and each file is written
+    as soon as its last parameter arrives, so at most one file's worth of tensors
+    (max_shard_bytes) plus one chunk is ever held, never the whole model.
+    """
+    path = Path(path)
+    rank0 = zmodel.group.rank == 0
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    order = [s for c in zmodel.chunks for s in c.spec.slots]
+    files: list[list[str]] = [[]]
+    size = 0
+    for s in order:
+        nbytes = s.numel * itemsize
+        if files[-1] and size + nbytes > max_shard_bytes:
+            files.append([])
+            size = 0
+        files[-1].append(s.name)
+        size += nbytes
+    names = (
+        ["model.safetensors"]
+        if len(files) == 1
+        else [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
+    )
+    file_of = {n: names[i] for i, group in enumerate(files) for n in group}
+    if rank0:
+        path.mkdir(parents=True, exist_ok=True)
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    left = {names[i]: len(group) for i, group in enumerate(files)}
+    for name, tensor in iter_full_params(zmodel.chunks, zmodel.group):
+        if not rank0:
+            continue
+        f = file_of[name]
+        pending.setdefault(f, {})[name] = tensor.to(dtype)
+        left[f] -= 1
+        if left[f] == 0:
+            _atomic_save(pending.pop(f), path / f, metadata={"format": "pt"})
+    if rank0:
+        persistent = zmodel.module.state_dict(keep_vars=True).keys()
+        buffers = {n: b.detach() for n, b in zmodel.module.named_buffers() if n in persistent}
+        if buffers:
+            _atomic_save(buffers, path / "buffers.safetensors", metadata={"format": "pt"})
+        index = {
+            "metadata": {"total_size": sum(s.numel for s in order) * itemsize},
+            "weight_map": {**file_of, **{n: "buffers.safetensors" for n in buffers}},
+        }
+        _atomic_json(index, path / "model.safetensors.index.json")
+    comm.barrier(group=zmodel.group)
+
+
+def load_full(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike) -> None:
+    """Loads parameters from save_full's files (or any safetensors checkpoint with an
+    index, e.g. transformers'); optimizer states start fresh. Each rank reads only the
+    parameters its shards hold, one at a time; collective."""
+    path = Path(path)
+    index_path = path / "model.safetensors.index.json"
+    if index_path.exists():
+        weight_map = json.loads(index_path.read_text())["weight_map"]
+    elif (path / "model.safetensors").exists():
+        weight_map = None
+    else:
+        raise FileNotFoundError(f"{path}: neither model.safetensors.index.json nor model.safetensors")
+    zopt.zero_grad()
+    if zmodel.stage3 is not None:
+        zmodel.stage3.end_step()
+    rank = zmodel.group.rank
+    with ExitStack() as files:
+        opened: dict[str, Any] = {}
+
+        def tensor(name: str) -> torch.Tensor:
+            fname = weight_map.get(name) if weight_map is not None else "model.safetensors"
+            if fname is None:
+                raise KeyError(f"{path}: no tensor {name!r} in the index")
+            if fname not in opened:
+                opened[fname] = files.enter_context(safe_open(str(path / fname), framework="pt"))
+            return opened[fname].get_tensor(name)
+
+        with torch.no_grad():
+            for c in zmodel.chunks:
+                dst_all = c.master if c.trainable else c.shard
+                for seg in c.spec.segments(rank):
+                    src = tensor(seg.slot.name)
+                    if tuple(src.shape) != seg.slot.shape:
+                        raise ValueError(
+                            f"{path}: {seg.slot.name!r} has shape {list(src.shape)}, the model "
+                            f"{list(seg.slot.shape)}: a checkpoint of another model"
+                        )
+                    flat = src.reshape(-1)[seg.param_start : seg.param_start + seg.length]
+                    dst_all[seg.shard_start : seg.shard_start + seg.length].copy_(flat)
+                if c.trainable and c.master.data_ptr() != c.shard.data_ptr():
+                    c.shard.copy_(c.master)
+                for st in c.states.values():
+                    st.zero_()
+                c.steps = [0] * len(c.spec.slots)
+        for name, b in zmodel.module.named_buffers():
+            if weight_map is not None and name in weight_map:
+                b.copy_(tensor(name))
+    if zopt.config.stage in (1, 2):
+        zopt._gather_params(zmodel.chunks)
+    comm.barrier(group=zmodel.group)
