@@ -6,4 +6,5 @@ namespace megalith::bindings {
 void bind_info(nanobind::module_& m);
 void bind_optim(nanobind::module_& m);
 void bind_comm(nanobind::module_& m);
+void bind_memory(nanobind::module_& m);  // the `memory` submodule
 }  // namespace megalith::bindings

@@ -32,4 +32,5 @@ NB_MODULE(_engine, m) {
   megalith::bindings::bind_info(m);
   megalith::bindings::bind_optim(m);
   megalith::bindings::bind_comm(m);
+  megalith::bindings::bind_memory(m);
 }
