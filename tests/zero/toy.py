@@ -83,3 +83,26 @@ def reference(seed: int, steps: int, accumulate: int, max_norm: float | None, lr
         opt.zero_grad()
         losses.append(total)
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def reference_mixed(seed: int, steps: int, dtype: torch.dtype, lr: float = 1e-2):
+    """Single-process fp32-master mixed precision, the algorithm ZeRO runs, without sharding:
+    the model computes in `dtype`, AdamW updates fp32 masters, masters are rounded back."""
+    master = make_model(seed)
+    model = make_model(seed).to(dtype)
+    opt = torch.optim.AdamW(param_groups(master, 0.1), lr=lr)
+    losses = []
+    for micro in batches(seed, steps, 1):
+        x, y = micro[0]
+        loss = loss_fn(model, x, y)
+        loss.backward()
+        for pm, pw in zip(master.parameters(), model.parameters()):
+            pm.grad = None if pw.grad is None else pw.grad.float()
+            pw.grad = None
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            for pm, pw in zip(master.parameters(), model.parameters()):
+                pw.copy_(pm)
+        losses.append(float(loss))
+    return losses, {n: p.detach().clone() for n, p in master.named_parameters()}
