@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 import megalith_comm as comm
 
@@ -23,8 +24,10 @@ class ZeroModel(torch.nn.Module):
     """The user's module, computing on chunk memory. `module` is the original object."""
 
     def __init__(self, module: torch.nn.Module, chunks: list[FlatChunk], layout: Layout,
-                 memory: StateMemory, stage3: Stage3Hooks | None, group: comm.ProcessGroup):
+                 memory: StateMemory, stage3: Stage3Hooks | None, group: comm.ProcessGroup,
+                 param_dtype: torch.dtype):
         super().__init__()
+        self.param_dtype = param_dtype
         self.module = module
         self.chunks = chunks
         self.layout = layout
@@ -33,6 +36,12 @@ class ZeroModel(torch.nn.Module):
         self.group = group
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        dtype = self.param_dtype
+        if dtype != torch.float32:  # floating inputs to the dtype the model computes in
+            args, kwargs = tree_map(
+                lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+                (args, kwargs),
+            )
         out = self.module(*args, **kwargs)
         if self.stage3 is not None and not torch.is_grad_enabled():
             self.stage3.end_step()
@@ -152,5 +161,5 @@ def shard(
         on_backward_end=stage3.end_step if stage3 else None,
     )
     zopt = ZeroOptimizer(optimizer, rule, chunks, reducer, group, gather_group, config)
-    zmodel = ZeroModel(model, chunks, layout, memory, stage3, group)
+    zmodel = ZeroModel(model, chunks, layout, memory, stage3, group, config.param_dtype)
     return zmodel, zopt
