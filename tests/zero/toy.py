@@ -76,7 +76,7 @@ def reference(seed: int, steps: int, accumulate: int, max_norm: float | None, lr
         for x, y in micro:
             loss = loss_fn(model, x, y) / accumulate
             loss.backward()
-            total += float(loss)
+            total += loss.item()
         if max_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         opt.step()

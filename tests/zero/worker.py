@@ -21,7 +21,7 @@ class Case:
     max_norm: float | None = None
     steps: int = 20
     seed: int = 0
-    chunk_bytes: int = 1024  # small: many chunks, shards cut through parameters
+    chunk_bytes: int = 2048  # small: many chunks, shards cut through parameters
     save_after: int = 0  # steps after which to save_sharded into save_dir (0: never)
     save_dir: str = ""
     resume: str = ""  # a sharded checkpoint to load first

@@ -21,6 +21,10 @@ import megalith_comm as comm
 from .chunk import FlatChunk
 
 
+#: reductions left running while backward goes on; older ones are finished first.
+MAX_IN_FLIGHT = 2
+
+
 class GradReducer:
     def __init__(
         self,
@@ -71,6 +75,12 @@ class GradReducer:
             c = self.chunks[k]
             self._pending.append((c, c.reduce(self.group)))
             self._next -= 1
+            # Finish all but the newest few so their full-size gradient buffers go
+            # back while backward continues (stages 2 and 3 keep only shards).
+            while len(self._pending) > MAX_IN_FLIGHT:
+                done, handle = self._pending.pop(0)
+                handle.wait()
+                done.finish_reduce()
 
     def _end_backward(self) -> None:
         self._in_backward = False
