@@ -75,8 +75,9 @@ class ZeroConfig:
     reduce_dtype: dtype gradients are reduced in; None means the working dtype.
         "fp32" costs twice the traffic of bf16 and avoids rounding the sum.
     chunk_bytes: target size of a chunk (a group of consecutive parameters that
-        is reduced, gathered and stepped as one flat buffer). 0 picks a size that
-        wastes the fewest padding bytes between 1 and 64 MiB (the engine's search).
+        is reduced, gathered and stepped as one flat buffer). 0 picks the size that
+        wastes the fewest padding bytes (the engine's search) between 1 MiB and an
+        eighth of the model (at most 64 MiB, at least the largest parameter).
     prefetch: stage 3: how many chunks ahead of the running module are gathered.
     loss_scale: fp16 only; see LossScaleConfig.
     overlap: reduce gradients asynchronously while backward continues.

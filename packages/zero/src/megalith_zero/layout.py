@@ -105,7 +105,10 @@ def chunk_numel_for(
     numels: Sequence[int], chunk_bytes: int, element_bytes: int, world: int
 ) -> int:
     """Capacity in elements: chunk_bytes when given (at least the largest parameter),
-    else the engine's search for the least padding between 1 MiB and 64 MiB."""
+    else the engine's search for the least padding, among capacities from 1 MiB up to
+    an eighth of the model (at most 64 MiB, at least the largest parameter): small
+    enough that reductions overlap backward and stage 3 holds a fraction of the
+    model at a time, large enough that each collective moves a useful amount."""
     align = world * ALIGN_ELEMENTS
     largest = max((round_up(n, ALIGN_ELEMENTS) for n in numels), default=ALIGN_ELEMENTS)
     if chunk_bytes:
@@ -113,11 +116,9 @@ def chunk_numel_for(
     from megalith import _engine
 
     sizes = [round_up(n, ALIGN_ELEMENTS) * element_bytes for n in numels]
-    lo = min(1 << 20, max(sizes, default=1))
-    hi = max(64 << 20, max(sizes, default=1))
-    capacity, _ = _engine.memory.search_chunk_capacity(
-        sizes, lo, hi, ALIGN_ELEMENTS * element_bytes
-    )
+    hi = max(min(64 << 20, sum(sizes) // 8), max(sizes))
+    lo = min(1 << 20, hi)
+    capacity, _ = _engine.memory.search_chunk_capacity(sizes, lo, hi, ALIGN_ELEMENTS * element_bytes)
     return round_up(max(capacity // element_bytes, largest), align)
 
 
