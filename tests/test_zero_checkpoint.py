@@ -45,7 +45,9 @@ def test_reshard_from_4(saved, world_size):
         losses, params = per_rank[0]
         assert len(losses) == STEPS - SAVE_AT
         for got, want in zip(losses, ref_losses[SAVE_AT:]):
-            assert abs(got - want) < 1e-5 * abs(want), f"{case}: loss {got} after resume, torch {want}"
+            assert abs(got - want) < 1e-5 * abs(want), (
+                f"{case}: loss {got} after resume, torch {want}"
+            )
         for name, ref in ref_params.items():
             err = float((params[name] - ref).norm() / ref.norm())
             assert err < 1e-5, f"{case}: {name} off by {err:.3g}"
@@ -57,7 +59,9 @@ def save_full_then_read(rank: int, path: str):
 
     model = toy.make_model(3)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    zmodel, zopt = zero.shard(model, opt, zero.ZeroConfig(stage=3, precision="bf16", chunk_bytes=1024))
+    zmodel, zopt = zero.shard(
+        model, opt, zero.ZeroConfig(stage=3, precision="bf16", chunk_bytes=1024)
+    )
     x, y = toy.batches(3, 1, 1)[0][0]
     zopt.backward(toy.loss_fn(zmodel, x, y))
     zopt.step()
@@ -65,12 +69,17 @@ def save_full_then_read(rank: int, path: str):
     expected = zmodel.full_state_dict()
     # Loading it back into a fresh model on every rank gives the same master values.
     model2 = toy.make_model(4)
-    z2, o2 = zero.shard(model2, torch.optim.AdamW(model2.parameters(), lr=1e-2),
-                        zero.ZeroConfig(stage=2, chunk_bytes=2048))
+    z2, o2 = zero.shard(
+        model2,
+        torch.optim.AdamW(model2.parameters(), lr=1e-2),
+        zero.ZeroConfig(stage=2, chunk_bytes=2048),
+    )
     zero.load_full(z2, o2, path)
     again = z2.full_state_dict()
     comm.barrier()
-    return {k: bool(torch.equal(again[k], expected[k])) for k in expected}, expected if rank == 0 else None
+    return {
+        k: bool(torch.equal(again[k], expected[k])) for k in expected
+    }, expected if rank == 0 else None
 
 
 def test_save_full_streams_safetensors(tmp_path):

@@ -34,11 +34,15 @@ def test_mixed_precision_tracks_reference(world_size):
         dtype = torch.bfloat16 if precision == "bf16" else torch.float16
         mix_losses, mix_params = toy.reference_mixed(2, 20, dtype)
         worst = max(rel(params[n], mix_params[n]) for n in mix_params)
-        print(f"world {world_size} stage {stage} {precision}: params vs mixed reference {worst:.3g}")
+        print(
+            f"world {world_size} stage {stage} {precision}: params vs mixed reference {worst:.3g}"
+        )
         assert worst < TOLERANCE[precision], (stage, precision, worst)
         assert max(abs(a - b) for a, b in zip(losses, mix_losses)) < 0.05
         base = first.setdefault(precision, params)
-        assert max(rel(params[n], base[n]) for n in base) < 1e-6, f"stage {stage} differs from stage 1"
+        assert max(rel(params[n], base[n]) for n in base) < 1e-6, (
+            f"stage {stage} differs from stage 1"
+        )
 
 
 TOLERANCE = {"bf16": 3e-2, "fp16": 1.5e-2}
@@ -46,7 +50,9 @@ TOLERANCE = {"bf16": 3e-2, "fp16": 1.5e-2}
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_fp16_overflow_skips_and_scales(world_size):
-    for stage, per_rank in zip((1, 2, 3), run_grid(fp16_overflow, [1, 2, 3], world_size, timeout=240)):
+    for stage, per_rank in zip(
+        (1, 2, 3), run_grid(fp16_overflow, [1, 2, 3], world_size, timeout=240)
+    ):
         for scales, stepped, unchanged in per_rank:
             # growth_interval 2: grow after steps 2 and 6 (two clean in a row), back off at 3 and 4.
             assert scales == [1024.0, 2048.0, 1024.0, 512.0, 512.0, 1024.0, 1024.0], (stage, scales)

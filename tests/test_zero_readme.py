@@ -19,7 +19,10 @@ def test_readme_example_runs_under_torchrun(tmp_path):
     script.write_text(code)
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script)],
-        capture_output=True, text=True, timeout=170, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     first, last = map(float, re.search(r"loss ([0-9.]+) -> ([0-9.]+)", result.stdout).groups())

@@ -39,14 +39,18 @@ def test_fp32_matches_torch(world_size):
     by_stage = {}
     for case, per_rank in zip(FP32_CASES, results):
         losses, params = per_rank[0]
-        ref_losses, ref_params = toy.reference(case.seed, case.steps, case.accumulate, case.max_norm)
+        ref_losses, ref_params = toy.reference(
+            case.seed, case.steps, case.accumulate, case.max_norm
+        )
         assert params.keys() >= ref_params.keys()
         for name, ref in ref_params.items():
             err = rel(params[name], ref)
             assert err < 1e-5, f"{case} world {world_size}: {name} differs from torch by {err:.3g}"
         unused = params["unused.weight"]
         assert torch.equal(unused, ref_params["unused.weight"]), "an unused parameter moved"
-        assert max(abs(a - b) for a, b in zip(losses, ref_losses)) < 1e-5 * max(map(abs, ref_losses))
+        assert max(abs(a - b) for a, b in zip(losses, ref_losses)) < 1e-5 * max(
+            map(abs, ref_losses)
+        )
         key = (case.accumulate, case.no_sync, case.max_norm)
         by_stage.setdefault(key, []).append(params)
     for key, runs in by_stage.items():

@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from small_gpt import GPT, GPTConfig  # noqa: E402
+from small_gpt import GPT, GPTConfig
 
 MODES = ["ddp", "fsdp2", "zero1", "zero2", "zero3"]
 
@@ -59,14 +59,21 @@ def bench(rank: int, mode: str, steps: int, warmup: int, batch: int):
     torch.manual_seed(0)
     model = GPT(cfg)
     g = torch.Generator().manual_seed(rank)
-    data = [torch.randint(0, cfg.vocab, (batch, cfg.seq + 1), generator=g) for _ in range(steps + warmup)]
+    data = [
+        torch.randint(0, cfg.vocab, (batch, cfg.seq + 1), generator=g)
+        for _ in range(steps + warmup)
+    ]
 
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
         net = DistributedDataParallel(model)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        backward, step, zero_grad = (lambda loss: loss.backward()), opt.step, (lambda: opt.zero_grad())
+        backward, step, zero_grad = (
+            (lambda loss: loss.backward()),
+            opt.step,
+            (lambda: opt.zero_grad()),
+        )
     elif mode == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -77,7 +84,11 @@ def bench(rank: int, mode: str, steps: int, warmup: int, batch: int):
         fully_shard(model, mesh=mesh)
         net = model
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        backward, step, zero_grad = (lambda loss: loss.backward()), opt.step, (lambda: opt.zero_grad())
+        backward, step, zero_grad = (
+            (lambda loss: loss.backward()),
+            opt.step,
+            (lambda: opt.zero_grad()),
+        )
     else:
         import megalith_zero as zero
 
@@ -90,14 +101,19 @@ def bench(rank: int, mode: str, steps: int, warmup: int, batch: int):
         comm.barrier()
         t0 = time.perf_counter()
         logits = net(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab), tokens[:, 1:].reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, cfg.vocab), tokens[:, 1:].reshape(-1)
+        )
         backward(loss)
         step()
         zero_grad() if mode.startswith("zero") else None
         t1 = time.perf_counter()
         if mode in ("ddp", "fsdp2"):
-            state = _tensor_bytes(list(model.parameters()) + [p.grad for p in model.parameters()]
-                                  + [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)])
+            state = _tensor_bytes(
+                list(model.parameters())
+                + [p.grad for p in model.parameters()]
+                + [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+            )
             opt.zero_grad()
         if i >= warmup:
             times.append(t1 - t0)
@@ -108,9 +124,15 @@ def bench(rank: int, mode: str, steps: int, warmup: int, batch: int):
         in_flight = rep["grads_in_flight"].peak_bytes + rep["gathered"].peak_bytes
     n_params = sum(p.numel() for p in model.parameters())
     comm.barrier()
-    return {"mode": mode, "median_s": statistics.median(times), "state_mib": state / 2**20,
-            "in_flight_mib": in_flight / 2**20,
-            "rss_growth_mib": _rss_mib() - rss0, "params": n_params, "loss": float(loss)}
+    return {
+        "mode": mode,
+        "median_s": statistics.median(times),
+        "state_mib": state / 2**20,
+        "in_flight_mib": in_flight / 2**20,
+        "rss_growth_mib": _rss_mib() - rss0,
+        "params": n_params,
+        "loss": float(loss),
+    }
 
 
 def main() -> None:
@@ -145,8 +167,13 @@ def main() -> None:
     for r in rows:
         vs_ddp = f"{ddp['median_s'] / r['median_s']:.2f}x" if ddp else "-"
         vs_fsdp = f"{fsdp['median_s'] / r['median_s']:.2f}x" if fsdp else "-"
-        lines.append(f"| {r['mode']} | {r['median_s']:.3f} | {vs_ddp} | {vs_fsdp} | {r['state_mib']:.1f} | {r['in_flight_mib']:.1f} | {r['rss_growth_mib']:.0f} |")
-    lines += ["", "vs DDP / vs FSDP2: the peer's step time divided by this mode's (above 1: faster than the peer)."]
+        lines.append(
+            f"| {r['mode']} | {r['median_s']:.3f} | {vs_ddp} | {vs_fsdp} | {r['state_mib']:.1f} | {r['in_flight_mib']:.1f} | {r['rss_growth_mib']:.0f} |"
+        )
+    lines += [
+        "",
+        "vs DDP / vs FSDP2: the peer's step time divided by this mode's (above 1: faster than the peer).",
+    ]
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

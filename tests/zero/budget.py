@@ -14,7 +14,9 @@ def model_state_bytes(rank: int, stage: int):
     layers = [nn.Linear(61, 61) for _ in range(8)]  # 3782 params each, nothing divides evenly
     model = nn.Sequential(*[m for layer in layers for m in (layer, nn.Tanh())])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    zmodel, zopt = zero.shard(model, opt, zero.ZeroConfig(stage=stage, precision="bf16", chunk_bytes=8192, prefetch=1))
+    zmodel, zopt = zero.shard(
+        model, opt, zero.ZeroConfig(stage=stage, precision="bf16", chunk_bytes=8192, prefetch=1)
+    )
     g = torch.Generator().manual_seed(rank)
     zmodel.memory.reset_peak()
     for _ in range(3):

@@ -47,11 +47,18 @@ def make_model(seed: int) -> Toy:
     return Toy()
 
 
-def batches(seed: int, steps: int, accumulate: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+def batches(
+    seed: int, steps: int, accumulate: int
+) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
     g = torch.Generator().manual_seed(seed + 1)
     return [
-        [(torch.randint(0, VOCAB, (BATCH, SEQ), generator=g), torch.randint(0, VOCAB, (BATCH, SEQ), generator=g))
-         for _ in range(accumulate)]
+        [
+            (
+                torch.randint(0, VOCAB, (BATCH, SEQ), generator=g),
+                torch.randint(0, VOCAB, (BATCH, SEQ), generator=g),
+            )
+            for _ in range(accumulate)
+        ]
         for _ in range(steps)
     ]
 

@@ -35,7 +35,9 @@ def train(rank: int, case: Case):
     model = toy.make_model(case.seed)
     opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
     zmodel, zopt = zero.shard(
-        model, opt, zero.ZeroConfig(stage=case.stage, precision=case.precision, chunk_bytes=case.chunk_bytes)
+        model,
+        opt,
+        zero.ZeroConfig(stage=case.stage, precision=case.precision, chunk_bytes=case.chunk_bytes),
     )
     if case.resume:
         zero.load_sharded(zmodel, zopt, case.resume)

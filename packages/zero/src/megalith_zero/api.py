@@ -18,14 +18,22 @@ from .memory import StateMemory
 from .optimizer import ZeroOptimizer
 from .rule import check_group, rule_for
 from .stage3 import Stage3Hooks
+from .streams import Streams
 
 
 class ZeroModel(torch.nn.Module):
     """The user's module, computing on chunk memory. `module` is the original object."""
 
-    def __init__(self, module: torch.nn.Module, chunks: list[FlatChunk], layout: Layout,
-                 memory: StateMemory, stage3: Stage3Hooks | None, group: comm.ProcessGroup,
-                 param_dtype: torch.dtype):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        chunks: list[FlatChunk],
+        layout: Layout,
+        memory: StateMemory,
+        stage3: Stage3Hooks | None,
+        group: comm.ProcessGroup,
+        param_dtype: torch.dtype,
+    ):
         super().__init__()
         self.param_dtype = param_dtype
         self.module = module
@@ -39,7 +47,9 @@ class ZeroModel(torch.nn.Module):
         dtype = self.param_dtype
         if dtype != torch.float32:  # floating inputs to the dtype the model computes in
             args, kwargs = tree_map(
-                lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+                lambda t: (
+                    t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                ),
                 (args, kwargs),
             )
         out = self.module(*args, **kwargs)
@@ -60,17 +70,26 @@ class ZeroModel(torch.nn.Module):
         return self.memory.report()
 
 
-def _param_groups(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.nn.Parameter, int]]:
+def _param_groups(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> list[tuple[str, torch.nn.Parameter, int]]:
     group_of: dict[int, int] = {}
     for gi, g in enumerate(optimizer.param_groups):
         check_group(g, gi)
         for p in g["params"]:
             if id(p) in group_of:
-                raise ValueError(f"megalith_zero: a parameter appears in param groups {group_of[id(p)]} and {gi}")
+                raise ValueError(
+                    f"megalith_zero: a parameter appears in param groups {group_of[id(p)]} and {gi}"
+                )
             group_of[id(p)] = gi
     named = list(model.named_parameters())
     in_model = {id(p) for _, p in named}
-    stray = [gi for gi, g in enumerate(optimizer.param_groups) for p in g["params"] if id(p) not in in_model]
+    stray = [
+        gi
+        for gi, g in enumerate(optimizer.param_groups)
+        for p in g["params"]
+        if id(p) not in in_model
+    ]
     if stray:
         raise ValueError(
             f"megalith_zero: param group {stray[0]} holds a parameter that is not in the model; "
@@ -79,7 +98,9 @@ def _param_groups(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> l
     out = []
     for name, p in named:
         if not p.is_floating_point():
-            raise TypeError(f"megalith_zero: parameter {name!r} is {p.dtype}; only floating-point parameters shard")
+            raise TypeError(
+                f"megalith_zero: parameter {name!r} is {p.dtype}; only floating-point parameters shard"
+            )
         if p.requires_grad and id(p) not in group_of:
             raise ValueError(
                 f"megalith_zero: parameter {name!r} requires grad but is in no param group of the optimizer; "
@@ -122,14 +143,18 @@ def shard(
         partition = [group.ranks]
     rule = rule_for(optimizer)
     if any(optimizer.state.values()):
-        raise ValueError("megalith_zero: the optimizer has already stepped; shard() wants a fresh one "
-                         "(load its state with ZeroOptimizer.load_state_dict afterwards)")
+        raise ValueError(
+            "megalith_zero: the optimizer has already stepped; shard() wants a fresh one "
+            "(load its state with ZeroOptimizer.load_state_dict afterwards)"
+        )
     params = _param_groups(model, optimizer)
     if not params:
         raise ValueError("megalith_zero: the model has no parameters")
     devices = {p.device for _, p, _ in params}
     if len(devices) != 1:
-        raise ValueError(f"megalith_zero: parameters are on {sorted(map(str, devices))}; move the model to one device")
+        raise ValueError(
+            f"megalith_zero: parameters are on {sorted(map(str, devices))}; move the model to one device"
+        )
     device = devices.pop()
     if config.param_dtype != torch.float32 and device.type == "cpu" and config.fp16:
         pass  # fp16 on CPU works (slowly); allowed for tests and debugging
@@ -141,22 +166,35 @@ def shard(
             comm.broadcast(b, src=src, group=group)
 
     element = torch.empty((), dtype=config.param_dtype).element_size()
-    numel = chunk_numel_for([p.numel() for _, p, _ in params], config.chunk_bytes, element, group.size)
+    numel = chunk_numel_for(
+        [p.numel() for _, p, _ in params], config.chunk_bytes, element, group.size
+    )
     layout = plan(params, group.size, numel)
     memory = StateMemory(device)
     chunks = [
-        FlatChunk(spec, [params[s.param][1] for s in spec.slots], group.rank, config, memory, spec.group >= 0)
+        FlatChunk(
+            spec,
+            [params[s.param][1] for s in spec.slots],
+            group.rank,
+            config,
+            memory,
+            spec.group >= 0,
+        )
         for spec in layout.chunks
     ]
     # Its own group for parameter gathers (see stage3.py for why).
     gathers = comm.new_groups(partition, name=f"{group.name}.zero_gather", exclusive=True)
     gather_group = next(g for g in gathers if g is not None)
+    streams = Streams(device)
     stage3 = None
     if config.stage == 3:
         param_chunk = {id(params[s.param][1]): c for c in chunks for s in c.spec.slots}
-        stage3 = Stage3Hooks(model, chunks, param_chunk, gather_group, config.prefetch)
+        stage3 = Stage3Hooks(model, chunks, param_chunk, gather_group, config.prefetch, streams)
     reducer = GradReducer(
-        chunks, group, config.overlap,
+        chunks,
+        group,
+        config.overlap,
+        streams,
         on_chunk_done=stage3.chunk_done if stage3 else None,
         on_backward_end=stage3.end_step if stage3 else None,
     )

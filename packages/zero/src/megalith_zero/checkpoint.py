@@ -41,9 +41,13 @@ def _rank_file(rank: int) -> str:
     return f"rank{rank:05d}.safetensors"
 
 
-def _atomic_save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+def _atomic_save(
+    tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
+) -> None:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+    save_file(
+        {k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata
+    )
     os.replace(tmp, path)
 
 
@@ -156,7 +160,9 @@ def load_sharded(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike
         )
     meta = json.loads(meta_path.read_text())
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{meta_path}: format {meta.get('format')}; this megalith_zero reads format {FORMAT}")
+        raise ValueError(
+            f"{meta_path}: format {meta.get('format')}; this megalith_zero reads format {FORMAT}"
+        )
     if meta["rule"] != zopt.rule.kind:
         raise ValueError(
             f"{path} holds {meta['rule']} optimizer states but the optimizer is {zopt.rule.kind}; "
@@ -186,7 +192,13 @@ def load_sharded(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike
                     c.ensure_states(names)
                     for state in names:
                         if old.has(seg.slot.name, state):
-                            old.read(seg.slot.name, state, seg.param_start, seg.length, c.states[state][dst])
+                            old.read(
+                                seg.slot.name,
+                                state,
+                                seg.param_start,
+                                seg.length,
+                                c.states[state][dst],
+                            )
                 if c.trainable and c.master.data_ptr() != c.shard.data_ptr():
                     c.shard.copy_(c.master)
             c.steps = [int(meta["steps"].get(s.name, 0)) for s in c.spec.slots]
@@ -268,7 +280,9 @@ def load_full(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike) -
     elif (path / "model.safetensors").exists():
         weight_map = None
     else:
-        raise FileNotFoundError(f"{path}: neither model.safetensors.index.json nor model.safetensors")
+        raise FileNotFoundError(
+            f"{path}: neither model.safetensors.index.json nor model.safetensors"
+        )
     zopt.zero_grad()
     if zmodel.stage3 is not None:
         zmodel.stage3.end_step()

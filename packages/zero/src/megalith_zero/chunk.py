@@ -119,10 +119,19 @@ class FlatChunk:
         """Adds one parameter's gradient (this rank's, unreduced) to full_grad."""
         slot = self.spec.slots[index]
         if self.full_grad is None:
-            self.full_grad = self.memory.zeros("grads_in_flight", self.spec.numel, self.reduce_dtype)
-        elif self.stage == 1 and self.grad_valid and self._stage1_acc is None and not any(self.present):
+            self.full_grad = self.memory.zeros(
+                "grads_in_flight", self.spec.numel, self.reduce_dtype
+            )
+        elif (
+            self.stage == 1
+            and self.grad_valid
+            and self._stage1_acc is None
+            and not any(self.present)
+        ):
             # Stage 1 reduces in place: keep the reduced shard before new grads overwrite it.
-            self._stage1_acc = self.memory.empty("grads_in_flight", self.spec.shard_numel, self.reduce_dtype)
+            self._stage1_acc = self.memory.empty(
+                "grads_in_flight", self.spec.shard_numel, self.reduce_dtype
+            )
             self._stage1_acc.copy_(self.shard_grad)
             self.grad_valid = False
         dst = self.full_grad[slot.offset : slot.offset + slot.numel]
@@ -140,7 +149,9 @@ class FlatChunk:
         """Starts averaging full_grad over the group (stage 1) or reduce-scattering
         it into this rank's shard (stages 2, 3). finish_reduce() completes it."""
         if self.full_grad is None:
-            self.full_grad = self.memory.zeros("grads_in_flight", self.spec.numel, self.reduce_dtype)
+            self.full_grad = self.memory.zeros(
+                "grads_in_flight", self.spec.numel, self.reduce_dtype
+            )
         for i, slot in enumerate(self.spec.slots):
             if not self.present[i]:  # unused here: contributes zeros
                 self.full_grad[slot.offset : slot.offset + slot.numel].zero_()
@@ -148,7 +159,9 @@ class FlatChunk:
         if self.stage == 1:
             return comm.all_reduce(self.full_grad, op="avg", group=group, async_op=True)
         if self.grad_valid:
-            out = self._reduce_out = self.memory.empty("grads_in_flight", self.spec.shard_numel, self.reduce_dtype)
+            out = self._reduce_out = self.memory.empty(
+                "grads_in_flight", self.spec.shard_numel, self.reduce_dtype
+            )
         else:
             out = self.shard_grad
         return comm.reduce_scatter(out, self.full_grad, op="avg", group=group, async_op=True)
@@ -177,7 +190,9 @@ class FlatChunk:
     def ensure_states(self, names: tuple[str, ...]) -> None:
         for name in names:
             if name not in self.states:
-                self.states[name] = self.memory.zeros("optim_states", self.spec.shard_numel, torch.float32)
+                self.states[name] = self.memory.zeros(
+                    "optim_states", self.spec.shard_numel, torch.float32
+                )
 
     def step_pieces(self, used: list[bool]) -> list[tuple[int, slice, list[int]]]:
         """(step number to take, shard range, slot indices) runs for the fused update.

@@ -54,7 +54,9 @@ class LossScaleConfig:
         if not 0 < self.backoff < 1:
             raise ValueError(f"LossScaleConfig: backoff={self.backoff}; expected 0 < backoff < 1")
         if self.growth_interval < 1:
-            raise ValueError(f"LossScaleConfig: growth_interval={self.growth_interval}; expected >= 1")
+            raise ValueError(
+                f"LossScaleConfig: growth_interval={self.growth_interval}; expected >= 1"
+            )
         if not 0 < self.min_scale <= self.initial <= self.max_scale:
             raise ValueError(
                 f"LossScaleConfig: expected 0 < min_scale ({self.min_scale}) <= initial "
@@ -98,7 +100,9 @@ class ZeroConfig:
         if self.reduce_dtype is not None:
             working_dtype(self.reduce_dtype)
         if self.chunk_bytes < 0:
-            raise ValueError(f"ZeroConfig: chunk_bytes={self.chunk_bytes}; expected >= 0 (0 = search)")
+            raise ValueError(
+                f"ZeroConfig: chunk_bytes={self.chunk_bytes}; expected >= 0 (0 = search)"
+            )
         if self.prefetch < 0:
             raise ValueError(f"ZeroConfig: prefetch={self.prefetch}; expected >= 0")
 

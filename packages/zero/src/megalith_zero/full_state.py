@@ -24,7 +24,9 @@ def gathered_chunk(chunk: FlatChunk, group: comm.ProcessGroup) -> torch.Tensor:
     return out if out.dtype == torch.float32 else out.float()
 
 
-def iter_full_params(chunks: list[FlatChunk], group: comm.ProcessGroup) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_full_params(
+    chunks: list[FlatChunk], group: comm.ProcessGroup
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, fp32 tensor) for every parameter, in chunk order; every rank of the
     group must consume it in step (each chunk is one all-gather)."""
     for c in chunks:

@@ -19,7 +19,7 @@ import torch
 import megalith_comm as comm
 
 from .chunk import FlatChunk
-
+from .streams import Streams
 
 #: reductions left running while backward goes on; older ones are finished first.
 MAX_IN_FLIGHT = 2
@@ -31,12 +31,14 @@ class GradReducer:
         chunks: list[FlatChunk],
         group: comm.ProcessGroup,
         overlap: bool,
+        streams: Streams,
         on_chunk_done: Callable[[FlatChunk], None] | None = None,
         on_backward_end: Callable[[], None] | None = None,
     ):
         self.chunks = [c for c in chunks if c.trainable]
         self.group = group
         self.overlap = overlap
+        self.streams = streams
         self.on_chunk_done = on_chunk_done  # stage 3 releases gathered params here
         self.on_backward_end = on_backward_end
         self.sync = True
@@ -73,7 +75,9 @@ class GradReducer:
             if until_complete and self._arrived[k] < len(self.chunks[k].params):
                 return
             c = self.chunks[k]
-            self._pending.append((c, c.reduce(self.group)))
+            with self.streams.on(self.streams.reduce):
+                handle = c.reduce(self.group)
+            self._pending.append((c, handle))
             self._next -= 1
             # Finish all but the newest few so their full-size gradient buffers go
             # back while backward continues (stages 2 and 3 keep only shards).

@@ -101,9 +101,7 @@ class Layout:
         return sum(c.numel for c in self.chunks) * dtype_bytes
 
 
-def chunk_numel_for(
-    numels: Sequence[int], chunk_bytes: int, element_bytes: int, world: int
-) -> int:
+def chunk_numel_for(numels: Sequence[int], chunk_bytes: int, element_bytes: int, world: int) -> int:
     """Capacity in elements: chunk_bytes when given (at least the largest parameter),
     else the engine's search for the least padding, among capacities from 1 MiB up to
     an eighth of the model (at most 64 MiB, at least the largest parameter): small
@@ -118,7 +116,9 @@ def chunk_numel_for(
     sizes = [round_up(n, ALIGN_ELEMENTS) * element_bytes for n in numels]
     hi = max(min(64 << 20, sum(sizes) // 8), max(sizes))
     lo = min(1 << 20, hi)
-    capacity, _ = _engine.memory.search_chunk_capacity(sizes, lo, hi, ALIGN_ELEMENTS * element_bytes)
+    capacity, _ = _engine.memory.search_chunk_capacity(
+        sizes, lo, hi, ALIGN_ELEMENTS * element_bytes
+    )
     return round_up(max(capacity // element_bytes, largest), align)
 
 
@@ -139,7 +139,9 @@ def plan(
         raise ValueError(f"world size {world}; expected >= 1")
     align = world * ALIGN_ELEMENTS
     if chunk_numel % align:
-        raise ValueError(f"chunk of {chunk_numel} elements does not split into {world} aligned shards")
+        raise ValueError(
+            f"chunk of {chunk_numel} elements does not split into {world} aligned shards"
+        )
     open_: dict[int, list[Slot]] = {}
     fill: dict[int, int] = {}
     chunks: list[Chunk] = []
@@ -147,7 +149,9 @@ def plan(
     def close(group: int) -> None:
         slots = open_.pop(group)
         used = fill.pop(group)
-        chunks.append(Chunk(len(chunks), group, min(chunk_numel, round_up(used, align)), tuple(slots), world))
+        chunks.append(
+            Chunk(len(chunks), group, min(chunk_numel, round_up(used, align)), tuple(slots), world)
+        )
 
     for index, (name, p, group) in enumerate(params):
         n = p.numel()

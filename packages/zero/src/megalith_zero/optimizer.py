@@ -97,14 +97,20 @@ class ZeroOptimizer:
             vec = vec.to(self.trainable[0].shard_grad.device)
         comm.all_reduce(vec, op="sum", group=self.group)
         vec = vec.cpu()
-        self._stats = (float(vec[0]), bool(vec[1] > 0) or not math.isfinite(float(vec[0])), [bool(x > 0) for x in vec[2:]])
+        self._stats = (
+            float(vec[0]),
+            bool(vec[1] > 0) or not math.isfinite(float(vec[0])),
+            [bool(x > 0) for x in vec[2:]],
+        )
         return self._stats
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> float:
         """Global L2 norm of the (unscaled) gradients over all shards; the next step()
         multiplies them by min(1, max_norm / (norm + 1e-6)), as torch's clip_grad_norm_."""
         if norm_type != 2.0:
-            raise ValueError(f"clip_grad_norm_: norm_type={norm_type}; megalith_zero clips by the L2 norm only")
+            raise ValueError(
+                f"clip_grad_norm_: norm_type={norm_type}; megalith_zero clips by the L2 norm only"
+            )
         sum_sq, _, _ = self._grad_stats()
         norm = math.sqrt(sum_sq) / self.loss_scale
         self._clip_coef = min(1.0, max_norm / (norm + 1e-6))

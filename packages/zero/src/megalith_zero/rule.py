@@ -26,7 +26,11 @@ class Rule:
 
     def state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
         if self.kind == "adam":
-            return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.get("amsgrad") else ("exp_avg", "exp_avg_sq")
+            return (
+                ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+                if group.get("amsgrad")
+                else ("exp_avg", "exp_avg_sq")
+            )
         if self.kind == "sgd":
             return ("momentum_buffer",) if group.get("momentum", 0.0) else ()
         return ("exp_avg",)
@@ -42,29 +46,53 @@ class Rule:
         grad_scale: float,
     ) -> None:
         """One engine call; `step` is the step number being taken (1 for the first)."""
-        common = dict(param_copies=copies, grad_scale=grad_scale, maximize=bool(group.get("maximize", False)))
+        common = dict(
+            param_copies=copies, grad_scale=grad_scale, maximize=bool(group.get("maximize", False))
+        )
         if self.kind == "adam":
             amsgrad = bool(group.get("amsgrad", False))
             F.adam_step(
-                params, grads, states["exp_avg"], states["exp_avg_sq"],
+                params,
+                grads,
+                states["exp_avg"],
+                states["exp_avg_sq"],
                 max_exp_avg_sqs=states["max_exp_avg_sq"] if amsgrad else None,
-                step=step, lr=float(group["lr"]), betas=tuple(group["betas"]), eps=float(group["eps"]),
+                step=step,
+                lr=float(group["lr"]),
+                betas=tuple(group["betas"]),
+                eps=float(group["eps"]),
                 weight_decay=float(group["weight_decay"]),
-                decoupled_weight_decay=bool(group.get("decoupled_weight_decay", self.decoupled_default)),
-                amsgrad=amsgrad, bias_correction=bool(group.get("bias_correction", True)), **common,
+                decoupled_weight_decay=bool(
+                    group.get("decoupled_weight_decay", self.decoupled_default)
+                ),
+                amsgrad=amsgrad,
+                bias_correction=bool(group.get("bias_correction", True)),
+                **common,
             )
         elif self.kind == "sgd":
             momentum = float(group.get("momentum", 0.0))
             F.sgd_step(
-                params, grads, states["momentum_buffer"] if momentum else None,
-                first_step=step == 1, lr=float(group["lr"]), momentum=momentum,
-                dampening=float(group.get("dampening", 0.0)), weight_decay=float(group.get("weight_decay", 0.0)),
-                nesterov=bool(group.get("nesterov", False)), **common,
+                params,
+                grads,
+                states["momentum_buffer"] if momentum else None,
+                first_step=step == 1,
+                lr=float(group["lr"]),
+                momentum=momentum,
+                dampening=float(group.get("dampening", 0.0)),
+                weight_decay=float(group.get("weight_decay", 0.0)),
+                nesterov=bool(group.get("nesterov", False)),
+                **common,
             )
         else:
             F.lion_step(
-                params, grads, states["exp_avg"], step=step, lr=float(group["lr"]),
-                betas=tuple(group["betas"]), weight_decay=float(group.get("weight_decay", 0.0)), **common,
+                params,
+                grads,
+                states["exp_avg"],
+                step=step,
+                lr=float(group["lr"]),
+                betas=tuple(group["betas"]),
+                weight_decay=float(group.get("weight_decay", 0.0)),
+                **common,
             )
 
 

@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten
 import megalith_comm as comm
 
 from .chunk import FlatChunk
+from .streams import Streams
 
 
 class Stage3Hooks:
@@ -36,8 +37,10 @@ class Stage3Hooks:
         param_chunk: dict[int, FlatChunk],
         group: comm.ProcessGroup,
         prefetch: int,
+        streams: Streams,
     ):
         self.group = group
+        self.streams = streams
         self.prefetch = prefetch
         self.chunks = chunks
         self._holds: dict[int, int] = {}
@@ -58,8 +61,12 @@ class Stage3Hooks:
     def _start(self, k: int) -> None:
         if k in self._inflight:
             return
-        handle = self.chunks[k].gather(self.group)
+        chunk = self.chunks[k]
+        with self.streams.on(self.streams.gather):
+            handle = chunk.gather(self.group)
         if handle is not None:
+            if self.streams.gather is not None:  # freed on the compute stream later
+                chunk.full.record_stream(self.streams.gather)
             self._inflight[k] = handle
 
     def acquire(self, ks: list[int], backward: bool) -> None:
@@ -108,7 +115,11 @@ class Stage3Hooks:
         def hook(mod, args, output):
             self.release(ks)
             if torch.is_grad_enabled():
-                tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+                tensors = [
+                    t
+                    for t in tree_flatten(output)[0]
+                    if isinstance(t, torch.Tensor) and t.requires_grad
+                ]
                 if tensors:
                     torch.autograd.graph.register_multi_grad_hook(
                         tensors, lambda grads: self.acquire(ks, backward=True), mode="any"
@@ -128,7 +139,7 @@ class Stage3Hooks:
     def end_step(self) -> None:
         """Backward (or a forward without backward) ended: release everything gathered."""
         self._recorded = self._recorded or bool(self._order)
-        for k, handle in list(self._inflight.items()):
+        for handle in list(self._inflight.values()):
             handle.wait()
         self._inflight.clear()
         self._holds.clear()
