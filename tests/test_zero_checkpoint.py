@@ -1,8 +1,9 @@
 """Sharded checkpoints across world sizes, and full safetensors checkpoints.
 
-Resharding: train 8 steps at world 4 (stage 2 and stage 3), save; load at world 2
-and 3 (each with a stage of its own) and train on; every loss after the resume
-must match the uninterrupted single-process torch run.
+Resharding: train 8 steps at world 4 (stage 2, stage 3, and stage 1 saving the
+layout-free full files), save; load at world 2 and 3 (each with a stage of its own)
+and train on; every loss after the resume must match the uninterrupted
+single-process torch run.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def saved(tmp_path_factory):
     cases = [
         Case(stage=2, steps=STEPS, save_after=SAVE_AT, save_dir=str(root / "s2"), max_norm=0.5),
         Case(stage=3, steps=STEPS, save_after=SAVE_AT, save_dir=str(root / "s3"), max_norm=0.5),
+        Case(stage=1, steps=STEPS, save_after=SAVE_AT, save_dir=str(root / "f1"), max_norm=0.5, full=True),
     ]
     results = run_grid(train, cases, 4, timeout=240)
     return root, [r[0][0] for r in results]
@@ -40,6 +42,7 @@ def test_reshard_from_4(saved, world_size):
     cases = [
         Case(stage=3, steps=STEPS, resume=str(root / "s2"), first_step=SAVE_AT, max_norm=0.5),
         Case(stage=1, steps=STEPS, resume=str(root / "s3"), first_step=SAVE_AT, max_norm=0.5),
+        Case(stage=2, steps=STEPS, resume=str(root / "f1"), first_step=SAVE_AT, max_norm=0.5, full=True),
     ]
     for case, per_rank in zip(cases, run_grid(train, cases, world_size, timeout=240)):
         losses, params = per_rank[0]

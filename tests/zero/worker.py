@@ -25,6 +25,7 @@ class Case:
     save_after: int = 0  # steps after which to save_sharded into save_dir (0: never)
     save_dir: str = ""
     resume: str = ""  # a sharded checkpoint to load first
+    full: bool = False  # save/resume with the layout-free full files instead
     first_step: int = 0  # the step the data starts at (after a resume)
 
 
@@ -39,7 +40,10 @@ def train(rank: int, case: Case):
         opt,
         zero.ZeroConfig(stage=case.stage, precision=case.precision, chunk_bytes=case.chunk_bytes),
     )
-    if case.resume:
+    if case.resume and case.full:
+        zero.load_full(zmodel, zopt, case.resume)
+        zero.load_full_optimizer(zmodel, zopt, case.resume)
+    elif case.resume:
         zero.load_sharded(zmodel, zopt, case.resume)
     rows = toy.BATCH // n
     losses = []
@@ -61,7 +65,10 @@ def train(rank: int, case: Case):
         zopt.zero_grad()
         comm.all_reduce(total, op="avg")
         losses.append(float(total))
-        if step == case.save_after:
+        if step == case.save_after and case.full:
+            zero.save_full(zmodel, case.save_dir, max_shard_bytes=3000)
+            zero.save_full_optimizer(zmodel, zopt, case.save_dir, max_shard_bytes=3000)
+        elif step == case.save_after:
             zero.save_sharded(zmodel, zopt, case.save_dir)
     state = zmodel.full_state_dict()
     return (losses, {k: v for k, v in state.items()}) if rank == 0 else None

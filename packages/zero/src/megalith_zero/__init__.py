@@ -16,6 +16,7 @@ See packages/zero/README.md.
 from .api import ZeroModel, shard
 from .checkpoint import load_full, load_sharded, save_full, save_sharded
 from .config import LossScaleConfig, ZeroConfig
+from .full_optimizer import load_full_optimizer, save_full_optimizer
 from .optimizer import ZeroOptimizer
 
 __version__ = "0.1.0"
@@ -27,8 +28,10 @@ __all__ = [
     "ZeroOptimizer",
     "__version__",
     "load_full",
+    "load_full_optimizer",
     "load_sharded",
     "save_full",
+    "save_full_optimizer",
     "save_sharded",
     "shard",
 ]

@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 import megalith_comm as comm
 
 from .api import ZeroModel
+from .files import StreamedFiles, TensorReader, atomic_json, atomic_save, safe_open
 from .full_state import iter_full_params
 from .layout import Chunk, Slot
 from .optimizer import ZeroOptimizer
@@ -39,22 +38,6 @@ FORMAT = 1
 
 def _rank_file(rank: int) -> str:
     return f"rank{rank:05d}.safetensors"
-
-
-def _atomic_save(
-    tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
-) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    save_file(
-        {k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata
-    )
-    os.replace(tmp, path)
-
-
-def _atomic_json(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
 
 
 def _layout_meta(zmodel: ZeroModel, zopt: ZeroOptimizer) -> dict[str, Any]:
@@ -97,10 +80,10 @@ def save_sharded(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike
                 tensors[f"c{k}.{name}"] = t
         else:
             tensors[f"c{k}.params"] = c.shard
-    _atomic_save(tensors, path / _rank_file(zmodel.group.rank))
+    atomic_save(tensors, path / _rank_file(zmodel.group.rank))
     comm.barrier(group=zmodel.group)
     if zmodel.group.rank == 0:
-        _atomic_json(_layout_meta(zmodel, zopt), path / META)
+        atomic_json(_layout_meta(zmodel, zopt), path / META)
     comm.barrier(group=zmodel.group)
 
 
@@ -127,8 +110,7 @@ class _OldShards:
 
     def _file(self, rank: int) -> Any:
         if rank not in self._open:
-            f = safe_open(str(self.path / _rank_file(rank)), framework="pt")
-            self._open[rank] = self.files.enter_context(f)
+            self._open[rank] = self.files.enter_context(safe_open(self.path / _rank_file(rank)))
         return self._open[rank]
 
     def has(self, name: str, kind: str) -> bool:
@@ -228,44 +210,17 @@ def save_full(
     path = Path(path)
     rank0 = zmodel.group.rank == 0
     itemsize = torch.empty((), dtype=dtype).element_size()
-    order = [s for c in zmodel.chunks for s in c.spec.slots]
-    files: list[list[str]] = [[]]
-    size = 0
-    for s in order:
-        nbytes = s.numel * itemsize
-        if files[-1] and size + nbytes > max_shard_bytes:
-            files.append([])
-            size = 0
-        files[-1].append(s.name)
-        size += nbytes
-    names = (
-        ["model.safetensors"]
-        if len(files) == 1
-        else [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
-    )
-    file_of = {n: names[i] for i, group in enumerate(files) for n in group}
-    if rank0:
-        path.mkdir(parents=True, exist_ok=True)
-    pending: dict[str, dict[str, torch.Tensor]] = {}
-    left = {names[i]: len(group) for i, group in enumerate(files)}
+    plan = [(s.name, s.numel * itemsize) for c in zmodel.chunks for s in c.spec.slots]
+    out = StreamedFiles(path, "model", plan, max_shard_bytes, write=rank0)
     for name, tensor in iter_full_params(zmodel.chunks, zmodel.group):
-        if not rank0:
-            continue
-        f = file_of[name]
-        pending.setdefault(f, {})[name] = tensor.to(dtype)
-        left[f] -= 1
-        if left[f] == 0:
-            _atomic_save(pending.pop(f), path / f, metadata={"format": "pt"})
+        out.add(name, tensor.to(dtype))
+    buffers = {}
     if rank0:
         persistent = zmodel.module.state_dict(keep_vars=True).keys()
         buffers = {n: b.detach() for n, b in zmodel.module.named_buffers() if n in persistent}
         if buffers:
-            _atomic_save(buffers, path / "buffers.safetensors", metadata={"format": "pt"})
-        index = {
-            "metadata": {"total_size": sum(s.numel for s in order) * itemsize},
-            "weight_map": {**file_of, **{n: "buffers.safetensors" for n in buffers}},
-        }
-        _atomic_json(index, path / "model.safetensors.index.json")
+            atomic_save(buffers, path / "buffers.safetensors", metadata={"format": "pt"})
+    out.finish({n: "buffers.safetensors" for n in buffers})
     comm.barrier(group=zmodel.group)
 
 
@@ -274,50 +229,30 @@ def load_full(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike) -
     index, e.g. transformers'); optimizer states start fresh. Each rank reads only the
     parameters its shards hold, one at a time; collective."""
     path = Path(path)
-    index_path = path / "model.safetensors.index.json"
-    if index_path.exists():
-        weight_map = json.loads(index_path.read_text())["weight_map"]
-    elif (path / "model.safetensors").exists():
-        weight_map = None
-    else:
-        raise FileNotFoundError(
-            f"{path}: neither model.safetensors.index.json nor model.safetensors"
-        )
     zopt.zero_grad()
     if zmodel.stage3 is not None:
         zmodel.stage3.end_step()
     rank = zmodel.group.rank
-    with ExitStack() as files:
-        opened: dict[str, Any] = {}
-
-        def tensor(name: str) -> torch.Tensor:
-            fname = weight_map.get(name) if weight_map is not None else "model.safetensors"
-            if fname is None:
-                raise KeyError(f"{path}: no tensor {name!r} in the index")
-            if fname not in opened:
-                opened[fname] = files.enter_context(safe_open(str(path / fname), framework="pt"))
-            return opened[fname].get_tensor(name)
-
-        with torch.no_grad():
-            for c in zmodel.chunks:
-                dst_all = c.master if c.trainable else c.shard
-                for seg in c.spec.segments(rank):
-                    src = tensor(seg.slot.name)
-                    if tuple(src.shape) != seg.slot.shape:
-                        raise ValueError(
-                            f"{path}: {seg.slot.name!r} has shape {list(src.shape)}, the model "
-                            f"{list(seg.slot.shape)}: a checkpoint of another model"
-                        )
-                    flat = src.reshape(-1)[seg.param_start : seg.param_start + seg.length]
-                    dst_all[seg.shard_start : seg.shard_start + seg.length].copy_(flat)
-                if c.trainable and c.master.data_ptr() != c.shard.data_ptr():
-                    c.shard.copy_(c.master)
-                for st in c.states.values():
-                    st.zero_()
-                c.steps = [0] * len(c.spec.slots)
+    with TensorReader(path, "model") as reader, torch.no_grad():
+        for c in zmodel.chunks:
+            dst_all = c.master if c.trainable else c.shard
+            for seg in c.spec.segments(rank):
+                src = reader.get(seg.slot.name)
+                if tuple(src.shape) != seg.slot.shape:
+                    raise ValueError(
+                        f"{path}: {seg.slot.name!r} has shape {list(src.shape)}, the model "
+                        f"{list(seg.slot.shape)}: a checkpoint of another model"
+                    )
+                flat = src.reshape(-1)[seg.param_start : seg.param_start + seg.length]
+                dst_all[seg.shard_start : seg.shard_start + seg.length].copy_(flat)
+            if c.trainable and c.master.data_ptr() != c.shard.data_ptr():
+                c.shard.copy_(c.master)
+            for st in c.states.values():
+                st.zero_()
+            c.steps = [0] * len(c.spec.slots)
         for name, b in zmodel.module.named_buffers():
-            if weight_map is not None and name in weight_map:
-                b.copy_(tensor(name))
+            if reader.has(name):
+                b.copy_(reader.get(name))
     if zopt.config.stage in (1, 2):
         zopt._gather_params(zmodel.chunks)
     comm.barrier(group=zmodel.group)

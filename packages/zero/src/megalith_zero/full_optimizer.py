@@ -1,0 +1,124 @@
+"""Optimizer state in the layout-free form: per parameter name, full fp32 tensors.
+
+    <dir>/optimizer.json                      kind, param groups, per-parameter group
+                                              and step count, loss scale
+    <dir>/optimizer[-0000i-of-0000n].safetensors   "<param name>::<state>" tensors
+    <dir>/optimizer.safetensors.index.json
+
+Nothing in it depends on the world size, the ZeRO stage or the chunking, so it
+loads under any of them, and megalith's Booster writes the same form for plain
+data-parallel training: a checkpoint moves between plugins. Written by rank 0,
+gathered one chunk at a time (streamed: never the whole state in memory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import megalith_comm as comm
+
+from .api import ZeroModel
+from .files import StreamedFiles, TensorReader, atomic_json
+from .optimizer import ZeroOptimizer
+
+FORMAT = 1
+SEP = "::"
+
+
+def hyperparameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in g.items() if k != "params"} for g in groups]
+
+
+def save_full_optimizer(
+    zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike, max_shard_bytes: int = 5 << 30
+) -> None:
+    """Collective; rank 0 writes."""
+    path = Path(path)
+    rank0 = zmodel.group.rank == 0
+    zopt.reducer.wait()
+    group = zmodel.group
+    names_of = {gi: zopt.rule.state_names(g) for gi, g in enumerate(zopt.optimizer.param_groups)}
+    plan, params = [], {}
+    for c in zopt.trainable:
+        names = names_of[c.spec.group]
+        for s, step in zip(c.spec.slots, c.steps):
+            params[s.name] = {"group": c.spec.group, "step": step}
+            if step:  # torch keeps no state for a parameter that never stepped
+                plan += [(f"{s.name}{SEP}{n}", s.numel * 4) for n in names]
+    out = StreamedFiles(path, "optimizer", plan, max_shard_bytes, write=rank0)
+    for c in zopt.trainable:
+        if not any(c.steps):
+            continue
+        for state in names_of[c.spec.group]:
+            c.ensure_states(names_of[c.spec.group])
+            full = torch.empty(c.spec.numel, dtype=torch.float32, device=c.master.device)
+            comm.all_gather(full, c.states[state], group=group)
+            for s, step in zip(c.spec.slots, c.steps):
+                if step:
+                    out.add(
+                        f"{s.name}{SEP}{state}",
+                        full[s.offset : s.offset + s.numel].view(s.shape).cpu(),
+                    )
+    out.finish()
+    if rank0:
+        meta = {
+            "format": FORMAT,
+            "kind": zopt.rule.kind,
+            "param_groups": hyperparameters(zopt.optimizer.param_groups),
+            "params": params,
+            "loss_scale": zopt.scaler.state_dict() if zopt.scaler else None,
+        }
+        atomic_json(meta, path / "optimizer.json")
+    comm.barrier(group=group)
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    meta_path = path / "optimizer.json"
+    if not meta_path.exists():
+        raise FileNotFoundError(
+            f"{path}: no optimizer.json (not a megalith optimizer checkpoint, or an unfinished one)"
+        )
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(
+            f"{meta_path}: format {meta.get('format')}; this megalith reads format {FORMAT}"
+        )
+    return meta
+
+
+def load_full_optimizer(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike) -> None:
+    """Each rank reads the slices of every state its shards hold; collective."""
+    path = Path(path)
+    meta = read_meta(path)
+    if meta["kind"] != zopt.rule.kind:
+        raise ValueError(
+            f"{path} holds {meta['kind']} optimizer states but the optimizer is {zopt.rule.kind}; "
+            "build the same kind of optimizer as the one that saved it"
+        )
+    rank = zmodel.group.rank
+    with TensorReader(path, "optimizer") as reader, torch.no_grad():
+        for c in zopt.trainable:
+            names = zopt.rule.state_names(zopt.optimizer.param_groups[c.spec.group])
+            c.ensure_states(names)
+            for st in c.states.values():
+                st.zero_()
+            c.steps = [int(meta["params"].get(s.name, {}).get("step", 0)) for s in c.spec.slots]
+            for seg in c.spec.segments(rank):
+                for n in names:
+                    key = f"{seg.slot.name}{SEP}{n}"
+                    if reader.has(key):
+                        src = reader.get(key).reshape(-1)[
+                            seg.param_start : seg.param_start + seg.length
+                        ]
+                        c.states[n][seg.shard_start : seg.shard_start + seg.length].copy_(src)
+    for group, saved in zip(zopt.optimizer.param_groups, meta["param_groups"]):
+        for key, value in saved.items():
+            group[key] = tuple(value) if isinstance(value, list) else value
+    if zopt.scaler is not None and meta.get("loss_scale"):
+        zopt.scaler.load_state_dict(meta["loss_scale"])
+    comm.barrier(group=zmodel.group)
