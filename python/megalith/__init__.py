@@ -15,13 +15,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "build_info", "get_cmake_dir", "get_include"]
+__all__ = ["__version__", "build_info", "get_cmake_dir", "get_include", "launch_from_torch"]
 
 _HERE = Path(__file__).resolve().parent
 
 # Submodules reachable as attributes (megalith.optim) without importing them in
 # `import megalith`.
-_LAZY_SUBMODULES = ("optim",)
+_LAZY_SUBMODULES = ("optim", "booster", "models")
 
 
 def _load_engine() -> ModuleType:
@@ -72,6 +72,10 @@ def get_include() -> str:
 
 
 def __getattr__(name: str) -> Any:
+    if name == "launch_from_torch":  # colossalai.launch_from_torch's place
+        from .booster import launch_from_torch
+
+        return launch_from_torch
     if name in _LAZY_SUBMODULES:
         module = importlib.import_module(f"{__name__}.{name}")
         globals()[name] = module

@@ -200,4 +200,5 @@ def shard(
     )
     zopt = ZeroOptimizer(optimizer, rule, chunks, reducer, group, gather_group, config)
     zmodel = ZeroModel(model, chunks, layout, memory, stage3, group, config.param_dtype)
+    zmodel.optimizer, zopt.model = zopt, zmodel  # checkpoint functions take either
     return zmodel, zopt

@@ -45,6 +45,9 @@ class LossScaleConfig:
     growth_interval: int = 2000
     min_scale: float = 1.0
     max_scale: float = 2.0**24
+    #: overflows in a row before the scale backs off (ColossalAI's/DeepSpeed's
+    #: "hysteresis"; 1 is GradScaler's rule). A clean growth interval resets it.
+    hysteresis: int = 1
 
     def __post_init__(self) -> None:
         if not self.initial > 0:
@@ -53,6 +56,8 @@ class LossScaleConfig:
             raise ValueError(f"LossScaleConfig: growth={self.growth}; expected > 1")
         if not 0 < self.backoff < 1:
             raise ValueError(f"LossScaleConfig: backoff={self.backoff}; expected 0 < backoff < 1")
+        if self.hysteresis < 1:
+            raise ValueError(f"LossScaleConfig: hysteresis={self.hysteresis}; expected >= 1")
         if self.growth_interval < 1:
             raise ValueError(
                 f"LossScaleConfig: growth_interval={self.growth_interval}; expected >= 1"

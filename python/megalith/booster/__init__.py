@@ -1,0 +1,13 @@
+"""megalith.booster: ColossalAI's Booster API (boost, backward, no_sync, checkpoints) on megalith."""
+
+from .booster import Booster, launch_from_torch
+from .plugin import GeminiPlugin, LowLevelZeroPlugin, Plugin, TorchDDPPlugin
+
+__all__ = [
+    "Booster",
+    "GeminiPlugin",
+    "LowLevelZeroPlugin",
+    "Plugin",
+    "TorchDDPPlugin",
+    "launch_from_torch",
+]

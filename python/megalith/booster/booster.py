@@ -1,0 +1,130 @@
+"""Booster: ColossalAI's training-setup API on megalith.
+
+booster = Booster(plugin=LowLevelZeroPlugin(stage=2, precision="bf16"))
+model, optimizer, criterion, dataloader, lr_scheduler = booster.boost(model, optimizer, criterion,
+                                                                      dataloader, lr_scheduler)
+booster.backward(loss, optimizer); optimizer.step(); optimizer.zero_grad()
+booster.save_model(model, "ckpt/model", shard=True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import checkpoint_io
+from .plugin import Plugin, TorchDDPPlugin, plugin_from_name
+from .plugin.base import world
+
+
+class Booster:
+    def __init__(
+        self,
+        device: str | None = None,
+        mixed_precision: str | None = None,
+        plugin: Plugin | str | None = None,
+    ) -> None:
+        if isinstance(plugin, str):
+            plugin = plugin_from_name(plugin, mixed_precision)
+        elif plugin is None:
+            plugin = TorchDDPPlugin()
+            plugin.set_precision(mixed_precision)
+        elif not isinstance(plugin, Plugin):
+            raise TypeError(
+                f"Booster: plugin must be a megalith Plugin or a name, got {type(plugin).__name__}"
+            )
+        elif mixed_precision is not None:
+            plugin.set_precision(mixed_precision)
+        plugin.check()
+        self.plugin = plugin
+        self.device = device
+
+    def boost(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        criterion: Callable | None = None,
+        dataloader: Any = None,
+        lr_scheduler: Any = None,
+    ) -> tuple[Any, Any, Any, Any, Any]:
+        """Wraps what it is given for the plugin; returns (model, optimizer, criterion,
+        dataloader, lr_scheduler), with None where None was given."""
+        return self.plugin.configure(model, optimizer, criterion, dataloader, lr_scheduler)
+
+    def setup(
+        self,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        train_dataloader: Any = None,
+        criterion: Callable | None = None,
+        lr_scheduler: Any = None,
+    ) -> tuple[Any, Any, Any, Any]:
+        """Keyword form of boost: returns (model, optimizer, train_dataloader, criterion)."""
+        m, o, c, d, _ = self.boost(model, optimizer, criterion, train_dataloader, lr_scheduler)
+        return m, o, d, c
+
+    def backward(self, loss: torch.Tensor, optimizer: Any) -> None:
+        optimizer.backward(loss)
+
+    def no_sync(
+        self, model: Any = None, optimizer: Any = None
+    ) -> contextlib.AbstractContextManager:
+        return self.plugin.no_sync(model, optimizer)
+
+    def execute_pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            "Booster.execute_pipeline needs a pipeline plugin (HybridParallelPlugin with pp_size > 1), "
+            "which megalith does not have yet; the TorchDDP, LowLevelZero and Gemini plugins run a step "
+            "with model(...), booster.backward(loss, optimizer) and optimizer.step()"
+        )
+
+    # -- checkpoints ----------------------------------------------------------
+    def save_model(
+        self,
+        model: Any,
+        checkpoint: str,
+        shard: bool = False,
+        gather_dtensor: bool = True,
+        prefix: str | None = None,
+        size_per_shard: int = 1024,
+        use_safetensors: bool = True,
+    ) -> None:
+        """safetensors always (nothing is pickled): a file, or with shard=True a directory of
+        files of at most size_per_shard MiB plus model.safetensors.index.json."""
+        checkpoint_io.save_model(model, checkpoint, shard, size_per_shard)
+
+    def load_model(self, model: Any, checkpoint: str, strict: bool = True) -> None:
+        checkpoint_io.load_model(model, checkpoint, strict)
+
+    def save_optimizer(
+        self,
+        optimizer: Any,
+        checkpoint: str,
+        shard: bool = False,
+        gather_dtensor: bool = True,
+        prefix: str | None = None,
+        size_per_shard: int = 1024,
+    ) -> None:
+        checkpoint_io.save_optimizer(optimizer, checkpoint, shard, size_per_shard)
+
+    def load_optimizer(
+        self, optimizer: Any, checkpoint: str, prefix: str | None = None, size_per_shard: int = 1024
+    ) -> None:
+        checkpoint_io.load_optimizer(optimizer, checkpoint)
+
+    def save_lr_scheduler(self, lr_scheduler: Any, checkpoint: str) -> None:
+        checkpoint_io.save_lr_scheduler(lr_scheduler, checkpoint)
+
+    def load_lr_scheduler(self, lr_scheduler: Any, checkpoint: str) -> None:
+        checkpoint_io.load_lr_scheduler(lr_scheduler, checkpoint)
+
+
+def launch_from_torch(seed: int = 1024, verbose: bool = False, **kwargs: Any) -> None:
+    """Sets up the process group from torchrun's (or `megalith run`'s) environment, like
+    colossalai.launch_from_torch, and seeds torch."""
+    world()
+    torch.manual_seed(seed)

@@ -1,0 +1,215 @@
+"""Model, optimizer and scheduler files for every plugin, in one layout-free form.
+
+Model: safetensors keyed by parameter name (a single file, or files of at most
+size_per_shard MiB with model.safetensors.index.json: the layout transformers
+reads). Optimizer: optimizer.json plus "<param name>::<state>" tensors (see
+megalith_zero.full_optimizer). Scheduler: its state_dict as JSON. Nothing is
+pickled, and since nothing depends on the world size or the plugin, a checkpoint
+written under one loads under another.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .plugin.base import require, world
+from .plugin.zero import ZeroModelWrapper, ZeroOptimizerWrapper
+
+SEP = "::"
+_KINDS = {"adam": ("Adam",), "sgd": ("SGD",), "lion": ("Lion",)}
+
+
+def _zero():
+    return require("megalith_zero", "megalith-zero", "reading and writing megalith checkpoints")
+
+
+def _barrier() -> None:
+    import megalith_comm as comm
+
+    comm.barrier()
+
+
+def _named_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters (tied ones once, under their first name) and persistent buffers."""
+    out = {n: p.detach() for n, p in module.named_parameters()}
+    persistent = module.state_dict(keep_vars=True).keys()
+    out.update({n: b.detach() for n, b in module.named_buffers() if n in persistent})
+    return out
+
+
+def save_model(model: Any, checkpoint: str, shard: bool, size_per_shard: int) -> None:
+    zero = _zero()
+    path = Path(checkpoint)
+    max_bytes = size_per_shard << 20 if shard else 1 << 62
+    target = path if shard else Path(tempfile.mkdtemp(prefix=".save-", dir=path.parent or "."))
+    rank0 = world().rank == 0
+    try:
+        if isinstance(model, ZeroModelWrapper):
+            zero.save_full(model.module, target, max_shard_bytes=max_bytes)
+        else:
+            tensors = {k: v.cpu() for k, v in _named_state(model.unwrap()).items()}
+            plan = [(k, t.numel() * t.element_size()) for k, t in tensors.items()]
+            out = zero.files.StreamedFiles(target, "model", plan, max_bytes, write=rank0)
+            for k, t in tensors.items():
+                out.add(k, t)
+            out.finish()
+            _barrier()
+        if not shard and rank0:
+            os.replace(target / "model.safetensors", path)
+    finally:
+        if not shard and rank0:
+            shutil.rmtree(target, ignore_errors=True)
+    _barrier()
+
+
+def load_model(model: Any, checkpoint: str, strict: bool = True) -> None:
+    zero = _zero()
+    path = Path(checkpoint)
+    if path.is_file():  # a single .safetensors file: read it through a one-file view
+        tmp = Path(tempfile.mkdtemp(prefix=".load-"))
+        os.symlink(path.resolve(), tmp / "model.safetensors")
+        try:
+            return load_model(model, str(tmp), strict)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if isinstance(model, ZeroModelWrapper):
+        zero.load_full(model.module, model.module.optimizer, path)
+        return None
+    module = model.unwrap()
+    with zero.files.TensorReader(path, "model") as reader, torch.no_grad():
+        want = _named_state(module)
+        missing = [k for k in want if not reader.has(k)]
+        if missing and strict:
+            raise KeyError(
+                f"{path}: missing {missing[:5]}{' ...' if len(missing) > 5 else ''}: a checkpoint of another model?"
+            )
+        for k, t in want.items():
+            if reader.has(k):
+                src = reader.get(k)
+                if src.shape != t.shape:
+                    raise ValueError(
+                        f"{path}: {k!r} has shape {list(src.shape)}, the model {list(t.shape)}"
+                    )
+                t.copy_(src)
+    return None
+
+
+def _kind(optim: torch.optim.Optimizer) -> str:
+    name = type(optim).__name__
+    for kind, suffixes in _KINDS.items():
+        if any(name.endswith(s) for s in suffixes) or name.endswith(suffixes[0] + "W"):
+            return kind
+    raise ValueError(f"saving {name}: megalith checkpoints hold Adam/AdamW, SGD or Lion states")
+
+
+def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard: int) -> None:
+    zero = _zero()
+    path = Path(checkpoint)
+    max_bytes = size_per_shard << 20 if shard else 1 << 62
+    if isinstance(optimizer, ZeroOptimizerWrapper):
+        zopt = optimizer.optim
+        zero.save_full_optimizer(zopt.model, zopt, path, max_shard_bytes=max_bytes)
+        return
+    optim = optimizer.optim
+    names = {id(p): n for n, p in optimizer.model.unwrap().named_parameters()}
+    params, plan, tensors = {}, [], {}
+    for gi, g in enumerate(optim.param_groups):
+        for p in g["params"]:
+            state = optim.state.get(p, {})
+            step = int(state["step"]) if "step" in state else (1 if state else 0)
+            params[names[id(p)]] = {"group": gi, "step": step}
+            for k, v in state.items():
+                if k != "step" and torch.is_tensor(v):
+                    key = f"{names[id(p)]}{SEP}{k}"
+                    tensors[key] = v.detach().float().cpu()
+                    plan.append((key, v.numel() * 4))
+    rank0 = world().rank == 0
+    out = zero.files.StreamedFiles(path, "optimizer", plan, max_bytes, write=rank0)
+    for k, t in tensors.items():
+        out.add(k, t)
+    out.finish()
+    if rank0:
+        scaler = getattr(optimizer, "scaler", None)
+        meta = {
+            "format": zero.full_optimizer.FORMAT,
+            "kind": _kind(optim),
+            "param_groups": zero.full_optimizer.hyperparameters(optim.param_groups),
+            "params": params,
+            "loss_scale": {"scale": float(scaler.get_scale()), "clean_steps": 0}
+            if scaler
+            else None,
+        }
+        zero.files.atomic_json(meta, path / "optimizer.json")
+    _barrier()
+
+
+def load_optimizer(optimizer: Any, checkpoint: str) -> None:
+    zero = _zero()
+    path = Path(checkpoint)
+    if isinstance(optimizer, ZeroOptimizerWrapper):
+        zopt = optimizer.optim
+        zero.load_full_optimizer(zopt.model, zopt, path)
+        return
+    meta = zero.full_optimizer.read_meta(path)
+    optim = optimizer.optim
+    if meta["kind"] != _kind(optim):
+        raise ValueError(
+            f"{path} holds {meta['kind']} states but the optimizer is {type(optim).__name__}"
+        )
+    names = {id(p): n for n, p in optimizer.model.unwrap().named_parameters()}
+    state: dict[int, dict[str, Any]] = {}
+    groups = []
+    index = 0
+    with zero.files.TensorReader(path, "optimizer") as reader:
+        for gi, g in enumerate(optim.param_groups):
+            ids = []
+            for p in g["params"]:
+                name = names[id(p)]
+                saved = meta["params"].get(name, {"step": 0})
+                entry = {
+                    k.split(SEP, 1)[1]: reader.get(k).to(p.device)
+                    for k in reader.keys()
+                    if k.startswith(name + SEP)
+                }
+                if entry or saved["step"]:
+                    if "exp_avg" in entry:
+                        entry["step"] = torch.tensor(float(saved["step"]))
+                    state[index] = entry
+                ids.append(index)
+                index += 1
+            hyper = dict(meta["param_groups"][gi]) if gi < len(meta["param_groups"]) else {}
+            groups.append({**{k: v for k, v in g.items() if k != "params"}, **hyper, "params": ids})
+    for g in groups:
+        if isinstance(g.get("betas"), list):
+            g["betas"] = tuple(g["betas"])
+    optim.load_state_dict({"state": state, "param_groups": groups})
+    _barrier()
+
+
+def save_lr_scheduler(lr_scheduler: Any, checkpoint: str) -> None:
+    if world().rank == 0:
+        state = lr_scheduler.state_dict()
+        try:
+            text = json.dumps(state)
+        except TypeError as e:
+            raise TypeError(
+                f"{type(lr_scheduler).__name__}'s state_dict is not JSON-serialisable ({e}); "
+                "megalith does not pickle checkpoints"
+            ) from None
+        path = Path(checkpoint)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    _barrier()
+
+
+def load_lr_scheduler(lr_scheduler: Any, checkpoint: str) -> None:
+    lr_scheduler.load_state_dict(json.loads(Path(checkpoint).read_text()))

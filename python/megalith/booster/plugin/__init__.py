@@ -1,0 +1,36 @@
+"""Booster plugins. Names as strings: "ddp"/"gpu"/"torch_ddp", "zero1", "zero2"
+(LowLevelZeroPlugin), "gemini"/"zero3" (GeminiPlugin)."""
+
+from __future__ import annotations
+
+from .base import Plugin
+from .torch_ddp import TorchDDPPlugin
+from .zero import GeminiPlugin, LowLevelZeroPlugin
+
+NAMES = ("ddp", "gpu", "torch_ddp", "zero1", "zero2", "low_level_zero", "gemini", "zero3")
+
+
+def plugin_from_name(name: str, precision: str | None = None) -> Plugin:
+    key = name.lower().replace("-", "_")
+    p = precision or "fp32"
+    if key in ("ddp", "gpu", "torch_ddp"):
+        plugin: Plugin = TorchDDPPlugin()
+        plugin.set_precision(p)
+        return plugin
+    if key in ("zero1", "zero2", "low_level_zero"):
+        return LowLevelZeroPlugin(stage=1 if key == "zero1" else 2, precision=p)
+    if key in ("gemini", "zero3"):
+        return GeminiPlugin(precision=p)
+    raise ValueError(
+        f"unknown plugin {name!r}; expected one of: {', '.join(NAMES)} (or a Plugin object)"
+    )
+
+
+__all__ = [
+    "NAMES",
+    "GeminiPlugin",
+    "LowLevelZeroPlugin",
+    "Plugin",
+    "TorchDDPPlugin",
+    "plugin_from_name",
+]

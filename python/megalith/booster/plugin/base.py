@@ -1,0 +1,110 @@
+"""Plugin: how the Booster turns a model and optimizer into a parallel training setup."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def check_precision(owner: str, precision: str | None) -> str:
+    precision = precision or "fp32"
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"{owner}: precision={precision!r}; expected one of {', '.join(PRECISIONS)}"
+        )
+    return precision
+
+
+def require(package: str, dist: str, what: str) -> Any:
+    """Imports a megalith sub-package, or says which pip package brings it."""
+    import importlib
+
+    try:
+        return importlib.import_module(package)
+    except ImportError as e:
+        raise ImportError(f"{what} needs {package}: pip install {dist}") from e
+
+
+def world():
+    """megalith_comm's World, initialising it from the launcher's environment if needed."""
+    import megalith_comm as comm
+
+    if not comm.is_initialized():
+        comm.init()
+    return comm.get_world()
+
+
+class Plugin:
+    #: True when the plugin runs only with one CUDA GPU per rank.
+    needs_gpu = False
+
+    def __init__(self) -> None:
+        self.precision = "fp32"
+
+    # -- called by the Booster ----------------------------------------------
+    def configure(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        criterion: Callable | None,
+        dataloader: DataLoader | None,
+        lr_scheduler: Any,
+    ) -> tuple[Any, Any, Any, Any, Any]:
+        raise NotImplementedError
+
+    def no_sync(self, model: Any, optimizer: Any) -> contextlib.AbstractContextManager:
+        raise NotImplementedError
+
+    def supported_precisions(self) -> tuple[str, ...]:
+        return PRECISIONS
+
+    def check(self) -> None:
+        """Fails on every rank, before any collective, when this machine cannot run the plugin."""
+        if self.needs_gpu and not torch.cuda.is_available():
+            raise RuntimeError(
+                f"{type(self).__name__} needs a CUDA GPU per rank and none is visible; "
+                "use TorchDDPPlugin or the ZeRO plugins, which run on CPU ranks too"
+            )
+
+    @property
+    def dp_rank_size(self) -> tuple[int, int]:
+        w = world()
+        return w.rank, w.world_size
+
+    def prepare_dataloader(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int = 1024,
+        drop_last: bool = False,
+        pin_memory: bool = False,
+        num_workers: int = 0,
+        distributed_sampler_cls: type | None = None,
+        **kwargs: Any,
+    ) -> DataLoader:
+        """A DataLoader whose sampler gives each data-parallel rank its own share."""
+        rank, size = self.dp_rank_size
+        sampler = (distributed_sampler_cls or DistributedSampler)(
+            dataset, num_replicas=size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+        )
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            drop_last=drop_last,
+            pin_memory=pin_memory,
+            num_workers=num_workers,
+            **kwargs,
+        )
+
+    @staticmethod
+    @contextlib.contextmanager
+    def nothing() -> Iterator[None]:
+        yield
