@@ -161,6 +161,16 @@ TEST(descriptors) {
   CHECK(got == want);
   ::close(fd);
   CHECK_THROWS(engine.read(fd, 0, got.data(), 1), io::io_error);  // closed: EBADF
+  fd = ::open(path.c_str(), O_RDWR | O_DIRECT);  // the caller's own O_DIRECT descriptor
+  if (fd < 0) return;
+  auto more = random_bytes(rng, 5000);  // unaligned head and tail: buffered through a second fd
+  io::Request w = engine.write(fd, 4093, more.data(), more.size());
+  w.wait();
+  CHECK(w.direct());
+  got.resize(more.size());
+  engine.read(fd, 4093, got.data(), got.size()).wait();
+  CHECK(got == more && read_plain(path, 4093, more.size()) == more);
+  ::close(fd);
 }
 
 TEST(errors_name_the_file) {
@@ -270,10 +280,16 @@ TEST(swap_dir_lifecycle) {
     CHECK(!fs::exists(path) && swap.removed());
     CHECK_THROWS(f->read(got.data(), 1), megalith::error);
     CHECK_THROWS(swap.allocate("x", 1), megalith::error);
+  }
+  std::shared_ptr<io::SwapFile> kept;
+  {
     io::SwapDir other(d.path + "/root");
     path = other.path();
+    kept = other.allocate("kept", 4096);
   }
-  CHECK(!fs::exists(path));  // the destructor removed it
+  CHECK(fs::exists(kept->path()));  // a file keeps its directory
+  kept.reset();
+  CHECK(!fs::exists(path));  // the last owner removed it
 }
 
 TEST(stale_dirs_are_found_and_cleaned) {

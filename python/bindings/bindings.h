@@ -7,4 +7,5 @@ void bind_info(nanobind::module_& m);
 void bind_optim(nanobind::module_& m);
 void bind_comm(nanobind::module_& m);
 void bind_memory(nanobind::module_& m);  // the `memory` submodule
+void bind_io(nanobind::module_& m);      // the `io` submodule
 }  // namespace megalith::bindings

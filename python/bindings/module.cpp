@@ -7,6 +7,7 @@
 
 #include "bindings.h"
 #include "megalith/error.h"
+#include "megalith/io/error.h"
 
 namespace nb = nanobind;
 
@@ -19,6 +20,15 @@ NB_MODULE(_engine, m) {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
+    } catch (const megalith::io::io_error& e) {
+      // OSError(errno, text) becomes FileNotFoundError for ENOENT and so on.
+      if (e.code() == 0) {
+        PyErr_SetString(PyExc_OSError, e.what());
+      } else {
+        PyObject* args = Py_BuildValue("(is)", e.code(), e.what());
+        PyErr_SetObject(PyExc_OSError, args);
+        Py_XDECREF(args);
+      }
     } catch (const megalith::type_error& e) {
       PyErr_SetString(PyExc_TypeError, e.what());
     } catch (const std::invalid_argument& e) {
@@ -33,4 +43,5 @@ NB_MODULE(_engine, m) {
   megalith::bindings::bind_optim(m);
   megalith::bindings::bind_comm(m);
   megalith::bindings::bind_memory(m);
+  megalith::bindings::bind_io(m);
 }

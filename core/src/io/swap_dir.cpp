@@ -33,6 +33,13 @@ struct SwapState {
 
   // Deletes the directory (throws io_error when it cannot: not from destructors).
   void remove();
+  // The last of the SwapDir and its SwapFiles is gone.
+  ~SwapState() {
+    try {
+      remove();
+    } catch (...) {  // a destructor cannot report; the directory stays, stale and detectable
+    }
+  }
 };
 
 namespace {
@@ -139,12 +146,7 @@ SwapDir::SwapDir(const std::string& root, const std::string& run_name, std::shar
   detail::registry().live.push_back(state_);
 }
 
-SwapDir::~SwapDir() {
-  try {
-    state_->remove();
-  } catch (...) {  // a destructor cannot report; the directory stays, stale and detectable
-  }
-}
+SwapDir::~SwapDir() = default;
 
 const std::string& SwapDir::path() const { return state_->path; }
 const std::string& SwapDir::id() const { return state_->id; }

@@ -8,7 +8,8 @@
 //   A process that dies (even by SIGKILL) drops the lock, so a directory whose
 //   marker can be locked by someone else is stale: find_stale / clean_stale
 //   find and remove those; a new SwapDir cleans the stale ones of its host.
-// - remove(), the destructor, or the exit of the process that made it (an
+// - remove(), the end of the SwapDir and every SwapFile from it (files keep
+//   their directory alive), or the exit of the process that made it (an
 //   atexit handler; never a forked child's exit) delete the directory.
 // - allocate() reserves the whole file up front (posix_fallocate), so a full
 //   disk fails there with disk_full naming the bytes asked and free, not
@@ -64,6 +65,7 @@ class MEGALITH_API SwapDir {
   /// under `root` left by this host.
   explicit SwapDir(const std::string& root, const std::string& run_name = "",
                    std::shared_ptr<AsyncIO> io = nullptr, bool clean_stale = true);
+  /// Removes the directory unless a SwapFile from it is still alive (then the last one does).
   ~SwapDir();
   SwapDir(const SwapDir&) = delete;
   SwapDir& operator=(const SwapDir&) = delete;
