@@ -79,7 +79,7 @@ class TorchDDPPlugin(Plugin):
         max_norm: float = 0.0,
     ) -> None:
         super().__init__()
-        self.ddp_kwargs = dict(
+        given = dict(
             broadcast_buffers=broadcast_buffers,
             bucket_cap_mb=bucket_cap_mb,
             find_unused_parameters=find_unused_parameters,
@@ -87,6 +87,16 @@ class TorchDDPPlugin(Plugin):
             gradient_as_bucket_view=gradient_as_bucket_view,
             static_graph=static_graph,
         )
+        # Only what differs from torch's defaults (some names are deprecated there).
+        defaults = dict(
+            broadcast_buffers=True,
+            bucket_cap_mb=25,
+            find_unused_parameters=False,
+            check_reduction=False,
+            gradient_as_bucket_view=False,
+            static_graph=False,
+        )
+        self.ddp_kwargs = {k: v for k, v in given.items() if defaults[k] != v}
         self.max_norm = max_norm
 
     def set_precision(self, precision: str | None) -> None:

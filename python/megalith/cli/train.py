@@ -1,0 +1,63 @@
+"""`megalith train`: train a small GPT on the built-in corpus (or your text), on every
+local GPU or on 2 CPU ranks, with a progress bar, metrics, a plot and checkpoints.
+
+    megalith train                                  # gpt-tiny, DDP, built-in Shakespeare
+    megalith train --plugin zero2 --steps 1000      # ZeRO stage 2
+    megalith train --resume                         # continue this run from its last checkpoint
+
+Without RANK in the environment it starts the ranks itself through `megalith run`
+(--nproc, default one per GPU or 2 CPU ranks); each rank runs `python -m megalith.train`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from megalith.train.options import add_options
+
+    parser = subparsers.add_parser(
+        "train",
+        help="train a small GPT on the built-in corpus",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_options(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _ranks(nproc: int | None) -> int:
+    if nproc is not None:
+        if nproc < 1:
+            raise SystemExit(f"megalith train: --nproc {nproc}; expected >= 1")
+        return nproc
+    import torch
+
+    return torch.cuda.device_count() or 2
+
+
+def run(args: argparse.Namespace) -> int:
+    if "RANK" in os.environ:  # already a rank (torchrun, megalith run)
+        from megalith.train.loop import train
+
+        return train(args)
+    from megalith.cli.main import main
+    from megalith.testing.spawn import free_port
+    from megalith.train.options import to_argv
+
+    nproc = _ranks(args.nproc)
+    return main(
+        [
+            "run",
+            "--nproc_per_node",
+            str(nproc),
+            "--master_port",
+            str(free_port()),
+            "-m",
+            "megalith.train",
+            *to_argv(args),
+        ]
+    )

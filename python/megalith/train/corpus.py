@@ -1,0 +1,82 @@
+"""Text for `megalith train`: the built-in corpus or the user's files, as bytes.
+
+Tokens are bytes (vocabulary 256): any text trains with no tokenizer to fetch.
+The last 5% of the text is held out for validation. The unigram baseline (the
+entropy of the training bytes, in nats) is what a model that ignores context
+scores; a model that learned anything scores well under it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+BUILTIN = Path(__file__).resolve().parents[1] / "data" / "shakespeare.txt.gz"
+VOCAB = 256
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".text")
+
+
+@dataclass(frozen=True)
+class Corpus:
+    name: str
+    train: torch.Tensor  # uint8
+    val: torch.Tensor
+
+    @property
+    def unigram_nats(self) -> float:
+        counts = torch.bincount(self.train.long(), minlength=VOCAB).double()
+        p = counts[counts > 0] / counts.sum()
+        return float(-(p * p.log()).sum())
+
+
+def _read(path: Path) -> bytes:
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+        if not files:
+            raise FileNotFoundError(
+                f"--data {path}: no text files ({', '.join(TEXT_SUFFIXES)}) under it"
+            )
+        return b"\n".join(f.read_bytes() for f in files)
+    if path.suffix == ".gz":
+        return gzip.decompress(path.read_bytes())
+    return path.read_bytes()
+
+
+def load(data: str | None, min_bytes: int) -> Corpus:
+    path = Path(data) if data else BUILTIN
+    if not path.exists():
+        raise FileNotFoundError(f"--data {path}: no such file or directory")
+    raw = _read(path)
+    if len(raw) < min_bytes:
+        raise ValueError(
+            f"--data {path}: {len(raw)} bytes of text; need at least {min_bytes} "
+            "(20 sequences of --seq-len + 1) to train and validate"
+        )
+    t = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    cut = max(len(raw) - max(len(raw) // 20, min_bytes // 2), min_bytes // 2)
+    return Corpus(
+        "built-in Shakespeare" if data is None else str(path), t[:cut].clone(), t[cut:].clone()
+    )
+
+
+def batch(
+    tokens: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator
+) -> torch.Tensor:
+    """batch_size random windows of seq_len + 1 bytes, as int64."""
+    starts = torch.randint(0, len(tokens) - seq_len - 1, (batch_size,), generator=generator)
+    idx = starts[:, None] + torch.arange(seq_len + 1)
+    return tokens[idx].long()
+
+
+def batch_generator(seed: int, step: int, rank: int, split: str) -> torch.Generator:
+    """The data position is the step: batch (step, rank) is the same on a resumed run."""
+    salt = 0 if split == "train" else 1
+    return torch.Generator().manual_seed(((seed * 1_000_003 + step) * 4099 + rank) * 2 + salt)
+
+
+def bits(nats: float) -> float:
+    return nats / math.log(2)

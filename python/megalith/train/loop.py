@@ -1,0 +1,255 @@
+"""The training loop of `megalith train`, run on every rank."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import megalith_comm as comm
+
+from . import corpus as text
+from . import state
+from .plot import write_png
+from .progress import Metrics, Progress, human_bytes
+
+
+def _check(args: argparse.Namespace, world_size: int) -> None:
+    """Every rank fails here, before any collective, on options that cannot work."""
+    if args.offload != "none":
+        raise SystemExit(
+            f"megalith train: --offload {args.offload} arrives with megalith-offload (not implemented yet); "
+            "use --offload none"
+        )
+    for name in ("steps", "batch_size", "seq_len", "eval_batches", "save_every", "eval_every"):
+        if getattr(args, name) < 1:
+            raise SystemExit(
+                f"megalith train: --{name.replace('_', '-')} {getattr(args, name)}; expected >= 1"
+            )
+    if (
+        args.precision in ("bf16", "fp16")
+        and not torch.cuda.is_available()
+        and args.plugin == "ddp"
+    ):
+        pass  # torch autocast runs on CPU too (slowly)
+
+
+def _peak_bytes(model: Any) -> int:
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
+
+
+def _schedule(args: argparse.Namespace):
+    def factor(step: int) -> float:  # linear warm-up, cosine down to 10%
+        if step < args.warmup:
+            return (step + 1) / args.warmup
+        t = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
+
+    return factor
+
+
+@torch.no_grad()
+def _validate(
+    model: Any, data: text.Corpus, args: argparse.Namespace, rank: int, device: torch.device
+) -> float:
+    total = torch.zeros((), dtype=torch.float64)
+    for i in range(args.eval_batches):
+        g = text.batch_generator(args.seed, i, rank, "val")
+        ids = text.batch(data.val, args.batch_size, args.seq_len, g).to(device)
+        total += float(model(ids, labels=ids)[0])
+    total /= args.eval_batches
+    comm.all_reduce(total, op="avg")
+    return float(total)
+
+
+def train(args: argparse.Namespace) -> int:
+    """Runs the job on this rank; returns the exit code (0)."""
+    owns_comm = not comm.is_initialized()
+    try:
+        return _train(args)
+    finally:
+        if owns_comm and comm.is_initialized():
+            comm.destroy()
+
+
+def _train(args: argparse.Namespace) -> int:
+    from megalith import models
+    from megalith.booster import Booster
+    from megalith.optim import HybridAdam
+
+    world = comm.init() if not comm.is_initialized() else comm.get_world()
+    torch.manual_seed(args.seed)
+    rank, size = world.rank, world.world_size
+    _check(args, size)
+    torch.set_num_threads(
+        max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", size)))
+    )
+    device = world.device
+    precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    name = args.name or f"{args.model}-{args.plugin}"
+    run_dir = Path(args.out) / name
+    data = text.load(args.data, 20 * (args.seq_len + 1))
+
+    overrides: dict[str, Any] = {"vocab_size": text.VOCAB}
+    config = models.get_config(args.model)
+    if config.max_seq_len < args.seq_len:
+        overrides["max_seq_len"] = args.seq_len
+    model = models.create(
+        args.model,
+        device=device,
+        seed=args.seed,
+        activation_checkpointing=args.activation_checkpointing,
+        **overrides,
+    )
+    n_params = models.num_parameters(model)
+    optimizer = HybridAdam(_param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(args))
+    booster = Booster(plugin=args.plugin, mixed_precision=precision)
+    model, optimizer, _, _, scheduler = booster.boost(model, optimizer, lr_scheduler=scheduler)
+
+    start = 0
+    if args.resume:
+        found = state.find(run_dir if args.resume == "auto" else Path(args.resume))
+        if found is None:
+            raise SystemExit(
+                f"megalith train: --resume: no complete checkpoint under {args.resume if args.resume != 'auto' else run_dir}"
+            )
+        start = int(state.load(booster, model, optimizer, scheduler, found)["step"])
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    metrics = Metrics(run_dir / "metrics.jsonl", rank == 0)
+    metrics.truncate_after(start)
+    if rank == 0:
+        print(
+            f"megalith train: {args.model} ({n_params / 1e6:.2f} M params) on {size} {device.type} rank(s), "
+            f"plugin {args.plugin}, {precision}; {data.name}: {len(data.train) / 1e6:.2f} MB train, "
+            f"unigram baseline {data.unigram_nats:.3f} nats"
+            + (f"; resumed at step {start}" if start else ""),
+            flush=True,
+        )
+    bar = Progress(args.steps, start) if rank == 0 else None
+    tokens_per_step = args.batch_size * args.seq_len * size
+    last_val = float("nan")
+    ckpt_path = None
+    t_run = time.perf_counter()
+    for step in range(start + 1, args.steps + 1):
+        ids = text.batch(
+            data.train,
+            args.batch_size,
+            args.seq_len,
+            text.batch_generator(args.seed, step, rank, "train"),
+        )
+        ids = ids.to(device)
+        t0 = time.perf_counter()
+        loss = model(ids, labels=ids)[0]
+        booster.backward(loss, optimizer)
+        if args.max_norm > 0:
+            optimizer.clip_grad_by_norm(args.max_norm)
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+        logged = loss.detach().double().cpu()
+        comm.all_reduce(logged, op="avg")
+        dt = time.perf_counter() - t0
+        row = {
+            "step": step,
+            "loss": float(logged),
+            "lr": scheduler.get_last_lr()[0],
+            "step_s": dt,
+            "tokens_per_s": tokens_per_step / dt,
+            "peak_bytes": _peak_bytes(model),
+        }
+        if step % args.eval_every == 0 or step == args.steps:
+            last_val = _validate(model, data, args, rank, device)
+            row["val_loss"] = last_val
+        metrics.write(row)
+        if bar:
+            bar.update(
+                step,
+                {
+                    "loss": f"{row['loss']:.3f}",
+                    "val": f"{last_val:.3f}",
+                    "tok/s": f"{row['tokens_per_s']:.0f}",
+                    "step": f"{dt * 1e3:.0f}ms",
+                    "mem": human_bytes(row["peak_bytes"]),
+                },
+            )
+        if step % args.save_every == 0 or step == args.steps:
+            ckpt_path = state.save(
+                booster,
+                model,
+                optimizer,
+                scheduler,
+                run_dir / "checkpoints",
+                step,
+                {"args": {k: v for k, v in vars(args).items() if k != "func"}},
+            )
+        if args.stop_after is not None and step == args.stop_after:
+            break
+    if bar:
+        bar.close()
+    if rank == 0:
+        _summary(
+            args,
+            metrics,
+            data,
+            run_dir,
+            ckpt_path,
+            n_params,
+            time.perf_counter() - t_run,
+            size,
+            device,
+        )
+    return 0
+
+
+def _summary(
+    args,
+    metrics: Metrics,
+    data: text.Corpus,
+    run_dir: Path,
+    ckpt: Path | None,
+    n_params: int,
+    seconds: float,
+    size: int,
+    device: torch.device,
+) -> None:
+    rows = metrics.rows
+    if not rows:
+        return
+    write_png(run_dir / "curves.png", [r["loss"] for r in rows], [r["tokens_per_s"] for r in rows])
+    steady = rows[min(5, len(rows) - 1) :]
+    tok_s = sum(r["tokens_per_s"] for r in steady) / len(steady)
+    vals = [r["val_loss"] for r in rows if "val_loss" in r]
+    table = [
+        ("model", f"{args.model}, {n_params / 1e6:.2f} M params"),
+        ("ranks", f"{size} x {device.type}, plugin {args.plugin}"),
+        ("steps", f"{rows[-1]['step']} ({seconds:.0f} s this session)"),
+        ("train loss", f"{rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f} nats"),
+        ("val loss", f"{vals[-1]:.3f} nats ({text.bits(vals[-1]):.2f} bits/byte)" if vals else "-"),
+        ("unigram baseline", f"{data.unigram_nats:.3f} nats"),
+        (
+            "tokens/s",
+            f"{tok_s:,.0f} (step {sum(r['step_s'] for r in steady) / len(steady) * 1e3:.0f} ms)",
+        ),
+        ("peak memory / rank", human_bytes(max(r["peak_bytes"] for r in rows))),
+        ("checkpoint", str(ckpt) if ckpt else "-"),
+        ("metrics", str(run_dir / "metrics.jsonl")),
+        ("plot", str(run_dir / "curves.png")),
+    ]
+    width = max(len(k) for k, _ in table)
+    print("\n".join(f"  {k.ljust(width)}  {v}" for k, v in table), flush=True)

@@ -1,0 +1,83 @@
+"""The options of `megalith train` (argparse), shared by the CLI and the ranks."""
+
+from __future__ import annotations
+
+import argparse
+
+PLUGINS = ("ddp", "zero1", "zero2", "gemini")
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plugin", default="ddp", choices=PLUGINS, help="parallelism (default: ddp)")
+    p.add_argument(
+        "--offload",
+        default="none",
+        choices=("none", "cpu", "nvme"),
+        help="where optimizer states live (cpu/nvme arrive with megalith-offload)",
+    )
+    p.add_argument(
+        "--precision",
+        default=None,
+        choices=("fp32", "bf16", "fp16"),
+        help="default: bf16 on GPUs, fp32 on CPU ranks",
+    )
+    p.add_argument(
+        "--model", default="gpt-tiny", help="a megalith.models preset (gpt-tiny ... llama-7b)"
+    )
+    p.add_argument("--steps", type=int, default=400, help="optimizer steps in all (default: 400)")
+    p.add_argument(
+        "--batch-size", type=int, default=16, help="sequences per rank per step (default: 16)"
+    )
+    p.add_argument(
+        "--seq-len", type=int, default=128, help="tokens (bytes) per sequence (default: 128)"
+    )
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default: 2e-3)")
+    p.add_argument("--warmup", type=int, default=30, help="warm-up steps (default: 30)")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument(
+        "--max-norm", type=float, default=1.0, help="clip gradients to this global norm (0: off)"
+    )
+    p.add_argument(
+        "--data", default=None, help="a text file or folder (default: the built-in Shakespeare)"
+    )
+    p.add_argument("--name", default=None, help="run name (default: <model>-<plugin>)")
+    p.add_argument("--out", default="runs", help="where runs go (default: ./runs)")
+    p.add_argument(
+        "--resume",
+        default=None,
+        nargs="?",
+        const="auto",
+        help="resume from a checkpoint dir, or (no value) from this run's latest",
+    )
+    p.add_argument(
+        "--save-every", type=int, default=200, help="checkpoint every N steps (and at the end)"
+    )
+    p.add_argument(
+        "--eval-every", type=int, default=100, help="validation every N steps (and at the end)"
+    )
+    p.add_argument("--eval-batches", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--activation-checkpointing", action="store_true")
+    p.add_argument(
+        "--stop-after", type=int, default=None, help=argparse.SUPPRESS
+    )  # tests: stop as if killed
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="ranks to start (default: one per GPU, or 2 CPU ranks without a GPU)",
+    )
+
+
+_NOT_RANK_OPTIONS = {"func", "command", "nproc", "cmake_dir", "include_dir", "version"}
+
+
+def to_argv(args: argparse.Namespace) -> list[str]:
+    """The options again as command-line words, for the ranks the launcher starts."""
+    out: list[str] = []
+    for key, value in vars(args).items():
+        if key in _NOT_RANK_OPTIONS or value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        out += [flag] if value is True else [flag, str(value)]
+    return out
