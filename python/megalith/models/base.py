@@ -35,9 +35,11 @@ def causal_lm_loss(
             f"labels must have the shape of input_ids: logits {tuple(logits.shape)} "
             f"need labels {tuple(logits.shape[:-1])}, got {tuple(labels.shape)}"
         )
-    shifted = logits[:, :-1, :].reshape(-1, logits.shape[-1]).float()
-    targets = labels[:, 1:].reshape(-1).to(shifted.device)
-    return F.cross_entropy(shifted, targets, ignore_index=ignore_index)
+    # Shift the labels, not the logits: slicing the logits would copy all of them.
+    targets = F.pad(labels[:, 1:], (0, 1), value=ignore_index).to(logits.device)
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=ignore_index
+    )
 
 
 class Block(nn.Module):
@@ -59,11 +61,7 @@ class Block(nn.Module):
 
 
 class LMHead(nn.Module):
-    """The final norm and the vocabulary projection: hidden -> logits.
-
-    It holds the model's own modules (not copies), so it does not re-register
-    them under new names inside the model.
-    """
+    """The final norm and the vocabulary projection: hidden -> logits (the pipeline's last part)."""
 
     def __init__(self, norm: nn.Module, lm_head: nn.Module) -> None:
         super().__init__()
@@ -80,6 +78,7 @@ class CausalLM(nn.Module):
     """
 
     config: ModelConfig
+    lm_head: nn.Linear
     # Parameter name -> the name of the parameter it shares storage with.
     tied_weights: dict[str, str]
 
@@ -89,28 +88,39 @@ class CausalLM(nn.Module):
         self.tied_weights = {}
 
     # -- structure ------------------------------------------------------------
+    # Each part is looked up when asked for, never cached, so a module swapped in
+    # later (a tensor-parallel embedding, a wrapped block) is the one that runs.
 
     @property
     def blocks(self) -> nn.ModuleList:
         raise NotImplementedError
 
-    def _set_parts(self, embedding: nn.Module, head: nn.Module) -> None:
-        # A plain tuple attribute: nn.Module does not register what is inside it, so the
-        # wrapped modules keep their one name (transformer.wte, not also _parts.0.wte).
-        self._parts = (embedding, head)
+    @property
+    def final_norm(self) -> nn.Module:
+        raise NotImplementedError
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids -> hidden: what embedding_part() computes, without building a module."""
+        raise NotImplementedError
+
+    def embedding_part(self) -> nn.Module:
+        """A module over the model's own embedding modules: input_ids -> hidden."""
+        raise NotImplementedError
+
+    def head_part(self) -> LMHead:
+        return LMHead(self.final_norm, self.lm_head)
 
     def pipeline_parts(self) -> tuple[nn.Module, list[nn.Module], nn.Module]:
         """(embedding, blocks, head), the model cut where a pipeline may cut it.
 
         embedding(input_ids [B, S] int64) -> hidden [B, S, d_model];
         each block(hidden) -> hidden; head(hidden) -> logits [B, S, vocab_size].
-        forward() is exactly head(blocks[-1](...blocks[0](embedding(ids)))) and
-        then causal_lm_loss(logits, labels). The parts are the model's own
-        modules, so their parameters are the model's; see the package docstring
-        for tied weights and per-stage materialisation.
+        forward() computes head(blocks[-1](...blocks[0](embedding(ids)))) with the
+        same operations, then causal_lm_loss(logits, labels). The parts hold the
+        model's own modules, so their parameters are the model's; see the
+        package docstring for tied weights and per-stage materialisation.
         """
-        embedding, head = self._parts
-        return embedding, list(self.blocks), head
+        return self.embedding_part(), list(self.blocks), self.head_part()
 
     def tie_weights(self) -> None:
         """Makes tied parameters one Parameter again (to_empty and .to() can untie them)."""
@@ -130,11 +140,10 @@ class CausalLM(nn.Module):
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
-        embedding, head = self._parts
-        hidden = embedding(input_ids)
+        hidden = self.embed(input_ids)
         for block in self.blocks:
             hidden = block(hidden)
-        logits = head(hidden)
+        logits = self.lm_head(self.final_norm(hidden))
         if labels is None:
             return logits
         return CausalLMOutput(causal_lm_loss(logits, labels), logits)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Block, CausalLM, LMHead
+from .base import Block, CausalLM
 from .config import GPTConfig
 from .layers import InOutLinear
 
@@ -63,6 +63,19 @@ class GPTBlock(Block):
         return hidden + self.mlp(self.ln_2(hidden))
 
 
+def embed_with_positions(
+    wte: nn.Embedding, wpe: nn.Embedding, drop: nn.Dropout, input_ids: torch.Tensor
+) -> torch.Tensor:
+    seq = input_ids.shape[-1]
+    if seq > wpe.num_embeddings:
+        raise ValueError(
+            f"sequence length {seq} is over this GPT's max_seq_len ({wpe.num_embeddings}): "
+            f"shorten the input or create the model with max_seq_len={seq}"
+        )
+    positions = torch.arange(seq, device=input_ids.device)
+    return drop(wte(input_ids) + wpe(positions))
+
+
 class GPTEmbedding(nn.Module):
     """Token plus learned position embeddings: input_ids -> hidden (the pipeline's first part)."""
 
@@ -73,15 +86,7 @@ class GPTEmbedding(nn.Module):
         self.drop = drop
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        seq = input_ids.shape[-1]
-        if seq > self.wpe.num_embeddings:
-            raise ValueError(
-                f"sequence length {seq} is over this GPT's max_seq_len "
-                f"({self.wpe.num_embeddings}): shorten the input or create the model "
-                f"with max_seq_len={seq}"
-            )
-        positions = torch.arange(seq, device=input_ids.device)
-        return self.drop(self.wte(input_ids) + self.wpe(positions))
+        return embed_with_positions(self.wte, self.wpe, self.drop, input_ids)
 
 
 class GPTTransformer(nn.Module):
@@ -108,12 +113,22 @@ class GPTLMHeadModel(CausalLM):
         if config.tie_word_embeddings:
             self.tied_weights = {"lm_head.weight": "transformer.wte.weight"}
             self.tie_weights()
-        t = self.transformer
-        self._set_parts(GPTEmbedding(t.wte, t.wpe, t.drop), LMHead(t.ln_f, self.lm_head))
 
     @property
     def blocks(self) -> nn.ModuleList:
         return self.transformer.h
+
+    @property
+    def final_norm(self) -> nn.Module:
+        return self.transformer.ln_f
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        t = self.transformer
+        return embed_with_positions(t.wte, t.wpe, t.drop, input_ids)
+
+    def embedding_part(self) -> GPTEmbedding:
+        t = self.transformer
+        return GPTEmbedding(t.wte, t.wpe, t.drop)
 
     def init_rule(self, name: str) -> tuple[str, float]:
         std = self.config.initializer_range

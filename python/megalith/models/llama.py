@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Block, CausalLM, LMHead
+from .base import Block, CausalLM
 from .config import LlamaConfig
 from .layers import RMSNorm, apply_rope, rope_cos_sin
 
@@ -104,13 +104,20 @@ class LlamaForCausalLM(CausalLM):
         if config.tie_word_embeddings:
             self.tied_weights = {"lm_head.weight": "model.embed_tokens.weight"}
             self.tie_weights()
-        self._set_parts(
-            LlamaEmbedding(self.model.embed_tokens), LMHead(self.model.norm, self.lm_head)
-        )
 
     @property
     def blocks(self) -> nn.ModuleList:
         return self.model.layers
+
+    @property
+    def final_norm(self) -> nn.Module:
+        return self.model.norm
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def embedding_part(self) -> LlamaEmbedding:
+        return LlamaEmbedding(self.model.embed_tokens)
 
     def init_rule(self, name: str) -> tuple[str, float]:
         # As transformers' LlamaPreTrainedModel: every Linear and the embedding N(0, std),
