@@ -38,6 +38,11 @@ class Booster:
             )
         elif mixed_precision is not None:
             plugin.set_precision(mixed_precision)
+        if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError(
+                f"Booster(device={device!r}): no CUDA GPU is visible here; leave device out "
+                "(megalith picks each rank's device) or run on a GPU machine"
+            )
         plugin.check()
         self.plugin = plugin
         self.device = device
