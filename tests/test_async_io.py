@@ -154,6 +154,15 @@ def test_disk_full_is_clear_and_keeps_saved_data(tmp_path, gen):
         assert plain.read_bytes()[: saved.nbytes] == saved.numpy().tobytes()
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_enospc_from_dev_full(gen):
+    req = io.AsyncIO().write("/dev/full", 0, random_tensor(5000, torch.uint8, gen))
+    with pytest.raises(OSError) as full:
+        req.wait()
+    assert full.value.errno == errno.ENOSPC and "No space left on device" in str(full.value)
+    check_disk_full(full.value, "'/dev/full'", 5000)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_swap_file_round_trip(tmp_path, gen, dtype):
     with io.SwapDir(tmp_path, "run") as swap:

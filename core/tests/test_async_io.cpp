@@ -255,6 +255,23 @@ TEST(disk_full_keeps_what_was_written) {
   }
 }
 
+TEST(enospc_from_dev_full) {
+  struct stat st{};
+  if (::stat("/dev/full", &st) != 0) SKIP("no /dev/full");
+  io::AsyncIO engine;
+  std::vector<char> buf(10000, 'x');
+  io::Request r = engine.write("/dev/full", 4096, buf.data(), buf.size());
+  try {
+    r.wait();
+    CHECK(false);
+  } catch (const io::disk_full& e) {
+    CHECK(e.code() == ENOSPC && e.bytes_requested() == buf.size() && e.path() == "/dev/full");
+    CHECK(contains(e.what(),
+                   "disk full: cannot write 9.8 KiB (10000 bytes) at offset 4096 of "
+                   "'/dev/full': No space left on device"));
+  }
+}
+
 TEST(swap_dir_lifecycle) {
   TempDir d;
   std::mt19937 rng(test_seed());

@@ -59,7 +59,7 @@ void throw_errno(int code, const std::string& what, const std::string& path, std
       code,
       concat("disk full: ", what, " '", path, "': ", msg, " (errno ", code, ")", why,
              "; asked for ", format_bytes(bytes), ", ", format_bytes(available),
-             " free on its filesystem; free space or choose another swap root [", where, "]"),
+             " free on its filesystem; free some space or write elsewhere [", where, "]"),
       path, bytes, available);
 }
 

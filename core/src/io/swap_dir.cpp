@@ -106,7 +106,7 @@ std::string random_id() {
 
 void SwapState::remove() {
   std::lock_guard<std::mutex> lock(mu);
-  if (removed || owner != ::getpid()) return;
+  if (removed || path.empty() || owner != ::getpid()) return;
   std::error_code ec;
   fs::remove_all(path, ec);  // under the lock: nobody can take the directory for stale meanwhile
   if (lock_fd >= 0) ::close(lock_fd);
@@ -134,11 +134,15 @@ SwapDir::SwapDir(const std::string& root, const std::string& run_name, std::shar
   s.io = io ? std::move(io) : std::make_shared<AsyncIO>();
   s.owner = ::getpid();
   for (int attempt = 0;; ++attempt) {
-    s.id = detail::random_id();
-    s.path = concat(root, "/", kPrefix, detail::sanitize(run_name), "-", s.id);
-    if (::mkdir(s.path.c_str(), 0700) == 0) break;
+    const std::string id = detail::random_id();
+    const std::string path = concat(root, "/", kPrefix, detail::sanitize(run_name), "-", id);
+    if (::mkdir(path.c_str(), 0700) == 0) {
+      s.id = id;
+      s.path = path;  // ours from here: a throw below removes it (~SwapState)
+      break;
+    }
     if (errno != EEXIST || attempt == 8) {
-      detail::throw_errno(errno, "cannot create the swap directory", s.path, 0, MEGALITH_WHERE);
+      detail::throw_errno(errno, "cannot create the swap directory", path, 0, MEGALITH_WHERE);
     }
   }
   s.lock_fd = detail::create_marker(s.path, s.id, run_name);
