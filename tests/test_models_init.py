@@ -55,6 +55,18 @@ def test_a_part_materialised_alone_gets_the_whole_models_values(name):
     assert all(p.is_meta for p in blocks[1].parameters())
 
 
+def test_a_tied_head_materialised_apart_matches_the_embedding():
+    """The last pipeline stage holds its own copy of GPT's tied lm_head."""
+    whole = models.create("gpt-tiny", device="cpu", seed=3, vocab_size=64)
+    stage = models.create("gpt-tiny", vocab_size=64)
+    head = stage.pipeline_parts()[2]
+    head.to_empty(device="cpu")
+    stage.init_weights(seed=3)
+    assert torch.equal(head.lm_head.weight, whole.transformer.wte.weight)
+    assert torch.equal(head.norm.weight, whole.transformer.ln_f.weight)
+    assert stage.transformer.wte.weight.is_meta
+
+
 def test_dtype_is_the_fp32_values_rounded():
     full = models.create("llama-tiny", device="cpu", seed=5, vocab_size=64)
     half = models.create("llama-tiny", device="cpu", seed=5, vocab_size=64, dtype=torch.bfloat16)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .base import CausalLM
 from .config import GPTConfig, LlamaConfig, ModelConfig
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -115,9 +116,9 @@ def from_hf_config(hf: dict[str, Any], name: str = "custom") -> ModelConfig:
     raise ValueError(f"unsupported model_type {model_type!r}: megalith has gpt2 and llama")
 
 
-def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def hf_state_dict(model: CausalLM) -> dict[str, torch.Tensor]:
     """model.state_dict() without the tied copies, every tensor contiguous, on CPU."""
-    tied = set(getattr(model, "tied_weights", {}))
+    tied = set(model.tied_weights)
     return {
         name: tensor.detach().to("cpu").contiguous()
         for name, tensor in model.state_dict().items()
@@ -136,9 +137,14 @@ def _safetensors():
 
 
 def save_pretrained(
-    model: torch.nn.Module, directory: str | os.PathLike, max_shard_bytes: int | None = None
+    model: CausalLM, directory: str | os.PathLike, max_shard_bytes: int | None = None
 ) -> Path:
-    """Writes config.json and the weights (sharded with an index past max_shard_bytes)."""
+    """Writes config.json and the weights (sharded with an index past max_shard_bytes).
+
+    Not atomic: checkpoints that must survive a crash mid-save go through the
+    Booster's save_model (the same weight files, no config.json: write
+    model.to_hf_config() beside them to make the folder loadable by transformers).
+    """
     st = _safetensors()
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
@@ -168,7 +174,7 @@ def save_pretrained(
     return path
 
 
-def load_pretrained(directory: str | os.PathLike, device: torch.device | str = "cpu"):
+def load_pretrained(directory: str | os.PathLike, device: torch.device | str = "cpu") -> CausalLM:
     """A megalith model from a transformers directory (gpt2 or llama, safetensors weights)."""
     from .factory import create
 

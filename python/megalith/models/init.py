@@ -36,6 +36,9 @@ def init_weights(model: CausalLM, seed: int = 0) -> None:
     for name, param in model.named_parameters():
         if param.is_meta:
             continue
+        # A tied copy held apart (the last pipeline stage's lm_head) takes its source's
+        # name, so both copies start equal.
+        name = model.tied_weights.get(name, name)
         kind, std = model.init_rule(name)
         if kind == "ones":
             param.fill_(1.0)
