@@ -14,6 +14,10 @@ Every message starts with a 2-int64 header (flag, metadata length):
   Both ends cache the new structure.
 The receiver allocates on `device` (default: the world's device). NCCL has no
 tags: its messages to one peer arrive in order, so tags only keep caches apart.
+`send(..., async_op=True)` posts all of a message's parts at once and returns a
+Handle: a Gloo send does not complete until the peer posts its receive, so two
+ranks that each send to the other before receiving (a pipeline's activations one
+way, gradients the other) need the sends in flight while they receive.
 """
 
 from __future__ import annotations
@@ -89,8 +93,13 @@ def _exchange(g: ProcessGroup, device: torch.device, what: str, ops: list) -> No
     Handle(g, what, works).wait()
 
 
-def send(obj: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0) -> None:
-    """Sends a tensor or a tuple/list of tensors to global rank dst (blocking)."""
+def send(
+    obj: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0, async_op: bool = False
+) -> Handle | None:
+    """Sends a tensor or a tuple/list of tensors to global rank dst (blocking).
+
+    async_op=True returns a Handle at once; wait() on it before changing the tensors.
+    """
     g = resolve(group)
     peer = _peer(g, "send", "dst", dst)
     structure, tensors = _structure(obj)
@@ -107,18 +116,31 @@ def send(obj: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0) ->
     meta = torch.tensor(_encode(structure), dtype=torch.int64, device=device)
     if old == structure:
         header = torch.tensor([SAME, 0], dtype=torch.int64, device=device)
+        if async_op:
+            return _post(g, device, what, [("send", header, peer, tag), *data])
         _exchange(g, device, what, [("send", header, peer, tag), *data])
-        return
+        return None
     header_flag = NEW if old is None else CHANGED
     header = torch.tensor([header_flag, meta.numel()], dtype=torch.int64, device=device)
     first = [("send", header, peer, tag)]
     if old is not None:  # fill the buffers the receiver posted for the old structure
         first += [("send", t.zero_(), peer, tag) for t in _empty(old, device)]
+    if async_op:  # one (peer, tag) delivers in posting order, so every part goes at once
+        STATS["metadata_sent"] += 1
+        cache[key] = structure
+        return _post(g, device, what, [*first, ("send", meta, peer, tag), *data])
     _exchange(g, device, what, first)
     _exchange(g, device, what, [("send", meta, peer, tag)])
     STATS["metadata_sent"] += 1
     _exchange(g, device, what, data)
     cache[key] = structure
+    return None
+
+
+def _post(g: ProcessGroup, device: torch.device, what: str, ops: list) -> Handle:
+    """Posts ops as one batch without waiting; the Handle keeps the tensors alive."""
+    works = launch(g, what, lambda: ops_for(g, device).p2p(ops))
+    return Handle(g, what, works, result=None, then=[lambda: ops.clear()])
 
 
 def recv(
