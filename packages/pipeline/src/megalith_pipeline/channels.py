@@ -1,0 +1,105 @@
+"""Activations forward and gradients backward between the stages of one pipeline.
+
+Each stage boundary is two channels: activations of stage s to stage s+1 (tag
+2s) and input gradients of stage s+1 back to stage s (tag 2s+1). Messages go
+through megalith_comm's point-to-point send/recv, which caches each channel's
+shapes and dtypes at both ends: after the first micro-batch only the data moves.
+Micro-batches cross every channel in ascending order, so the order of sends is
+the order of receives.
+
+An activation message is its tensors plus a few bytes of JSON spec (containers,
+dict keys, which tensors require grad; tree.py). A gradient message is the
+gradients of just the tensors that required grad, so it needs no spec: both ends
+know the list from the activation. Sends are asynchronous (a Gloo send completes
+only once the peer receives, and neighbours send to each other at the same
+time); wait() at the end of the step finishes them. Stages on the same rank hand
+messages over in memory.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+import megalith_comm as comm
+
+from .schedule import Schedule
+from .tree import decode_spec, encode_spec, flatten, unflatten
+
+
+class Channels:
+    def __init__(self, schedule: Schedule, group: comm.ProcessGroup, device: torch.device):
+        if group.size != schedule.pp:
+            raise ValueError(
+                f"pipeline: the pp group has {group.size} ranks but the schedule is for pp={schedule.pp}"
+            )
+        self.schedule = schedule
+        self.group = group
+        self.rank = group.rank
+        self.device = device
+        self._local: dict[tuple[int, int], Any] = {}  # (tag, mb) -> message, same-rank stages
+        self._pending: list[comm.Handle] = []
+        self.recv_wait_s = 0.0  # time spent blocked in receives this step
+
+    def _peer(self, stage: int) -> int | None:
+        """The global rank holding `stage`, or None when it is this rank."""
+        r = self.schedule.rank_of(stage)
+        return None if r == self.rank else self.group.global_rank(r)
+
+    def _send(self, stage_to: int, tag: int, mb: int, message: list[torch.Tensor]) -> None:
+        peer = self._peer(stage_to)
+        if peer is None:
+            self._local[(tag, mb)] = message
+            return
+        self._pending.append(comm.send(message, dst=peer, group=self.group, tag=tag, async_op=True))
+        done = [h for h in self._pending if h.is_completed()]
+        for h in done:  # surfaces a failed send now, and lets its tensors go
+            h.wait()
+        self._pending = [h for h in self._pending if h not in done]
+
+    def _recv(self, stage_from: int, tag: int, mb: int) -> list[torch.Tensor]:
+        peer = self._peer(stage_from)
+        if peer is None:
+            return self._local.pop((tag, mb))
+        start = time.perf_counter()
+        message = comm.recv(src=peer, group=self.group, tag=tag, device=self.device)
+        self.recv_wait_s += time.perf_counter() - start
+        return list(message)
+
+    # -- activations ----------------------------------------------------------
+    def send_activation(self, stage: int, mb: int, obj: Any) -> list[torch.Tensor]:
+        """Sends stage's output for mb to stage + 1; returns the outputs that require grad."""
+        tensors, spec = flatten(obj)
+        flags = [t.requires_grad for t in tensors]
+        message = [t.detach() for t in tensors] + [encode_spec(spec, flags)]
+        self._send(stage + 1, 2 * stage, mb, message)
+        return [t for t, f in zip(tensors, flags) if f]
+
+    def recv_activation(self, stage: int, mb: int) -> tuple[Any, list[torch.Tensor]]:
+        """Stage's input for mb (as the previous stage returned it), and its leaves that
+        require grad (whose .grad the backward pass sends back)."""
+        message = self._recv(stage - 1, 2 * (stage - 1), mb)
+        spec, flags = decode_spec(message[-1])
+        tensors = [t.detach().requires_grad_(f) for t, f in zip(message[:-1], flags)]
+        return unflatten(spec, tensors), [t for t, f in zip(tensors, flags) if f]
+
+    # -- gradients ----------------------------------------------------------
+    def send_grads(self, stage: int, mb: int, grads: list[torch.Tensor]) -> None:
+        """The gradients of stage's inputs that require grad, to stage - 1."""
+        if grads:
+            self._send(stage - 1, 2 * (stage - 1) + 1, mb, [g.detach() for g in grads])
+
+    def recv_grads(self, stage: int, mb: int, count: int) -> list[torch.Tensor]:
+        """The gradients of stage's `count` outputs that require grad, from stage + 1."""
+        if count == 0:
+            return []
+        return self._recv(stage + 1, 2 * stage + 1, mb)
+
+    def wait(self) -> None:
+        """Finishes every send still in flight."""
+        pending, self._pending = self._pending, []
+        for h in pending:
+            h.wait()
+        self._local.clear()

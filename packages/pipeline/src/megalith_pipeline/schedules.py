@@ -1,0 +1,116 @@
+"""The schedules: GPipe, 1F1B, interleaved 1F1B and zero-bubble (ZB-H1), by name.
+
+    make_schedule("1f1b", pp=4, num_microbatches=8)
+    make_schedule("interleaved", pp=4, num_microbatches=8, chunks=2)
+
+Micro-batches run in ascending order through every stage, in forward and in
+backward, so the messages of one (stage, direction) channel are sent and received
+in the same order. Each schedule is simulated once with unit pass times when it is
+built; one that would not complete raises here, on every rank, before any
+communication.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .schedule import BACKWARD, FORWARD, Action, Schedule, check_counts, interleaved_placement
+from .simulator import simulate
+from .zero_bubble import zb_h1_orders
+
+NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+_ALIASES = {"interleaved-1f1b": "interleaved", "zbh1": "zb-h1", "zero-bubble": "zb-h1"}
+
+
+def _merge_1f1b(forwards: list[Action], backwards: list[Action], warmup: int) -> list[Action]:
+    """`warmup` forwards, then one forward and one backward in turn, then the rest."""
+    warmup = min(warmup, len(forwards))
+    order = forwards[:warmup]
+    rest_f, rest_b = forwards[warmup:], list(backwards)
+    while rest_f:
+        order.append(rest_f.pop(0))
+        order.append(rest_b.pop(0))
+    return order + rest_b
+
+
+def gpipe_orders(pp: int, m: int) -> list[list[Action]]:
+    """Every forward, then every backward: m micro-batches of activations held at once."""
+    return [
+        [Action(FORWARD, r, mb) for mb in range(m)] + [Action(BACKWARD, r, mb) for mb in range(m)]
+        for r in range(pp)
+    ]
+
+
+def one_f_one_b_orders(pp: int, m: int) -> list[list[Action]]:
+    """PipeDream-flush: rank r runs pp - r - 1 forwards ahead, then alternates; at most
+    pp - r micro-batches of activations are alive on rank r."""
+    orders = []
+    for r in range(pp):
+        fwd = [Action(FORWARD, r, mb) for mb in range(m)]
+        bwd = [Action(BACKWARD, r, mb) for mb in range(m)]
+        orders.append(_merge_1f1b(fwd, bwd, pp - r - 1))
+    return orders
+
+
+def interleaved_orders(pp: int, m: int, chunks: int) -> list[list[Action]]:
+    """Interleaved 1F1B (Narayanan et al. 2021): stage c * pp + r on rank r.
+
+    Micro-batches go in groups of pp: a group runs through chunk 0, then chunk 1...
+    in forward, and through the chunks in reverse in backward. Rank r runs
+    2 (pp - r - 1) + (chunks - 1) pp forwards before its first backward. The last
+    group may be smaller (m not a multiple of pp), which the simulator checks.
+    """
+    orders = []
+    groups = [range(g, min(g + pp, m)) for g in range(0, m, pp)]
+    for r in range(pp):
+        fwd = [Action(FORWARD, c * pp + r, mb) for g in groups for c in range(chunks) for mb in g]
+        bwd = [
+            Action(BACKWARD, c * pp + r, mb)
+            for g in groups
+            for c in reversed(range(chunks))
+            for mb in g
+        ]
+        orders.append(_merge_1f1b(fwd, bwd, 2 * (pp - r - 1) + (chunks - 1) * pp))
+    return orders
+
+
+def canonical_name(name: str) -> str:
+    key = name.lower().replace("_", "-")
+    key = _ALIASES.get(key, key)
+    if key not in NAMES:
+        raise ValueError(f"unknown pipeline schedule {name!r}; expected one of {', '.join(NAMES)}")
+    return key
+
+
+def make_schedule(name: str, pp: int, num_microbatches: int, chunks: int | None = None) -> Schedule:
+    """The named schedule for pp ranks and num_microbatches micro-batches.
+
+    chunks: virtual stages per rank; only 'interleaved' takes more than one
+    (default 2 there, 1 elsewhere). Raises ValueError naming the numbers for
+    counts the schedule cannot run.
+    """
+    key = canonical_name(name)
+    if chunks is None:
+        chunks = 2 if key == "interleaved" else 1
+    check_counts(key, pp, num_microbatches, chunks)
+    if key != "interleaved" and chunks != 1:
+        raise ValueError(
+            f"schedule {key!r} runs one stage per rank, got chunks={chunks}; "
+            "use schedule='interleaved' for several virtual stages per rank"
+        )
+    builders: dict[str, Callable[[], list[list[Action]]]] = {
+        "gpipe": lambda: gpipe_orders(pp, num_microbatches),
+        "1f1b": lambda: one_f_one_b_orders(pp, num_microbatches),
+        "interleaved": lambda: interleaved_orders(pp, num_microbatches, chunks),
+        "zb-h1": lambda: zb_h1_orders(pp, num_microbatches),
+    }
+    schedule = Schedule(
+        name=key,
+        pp=pp,
+        num_microbatches=num_microbatches,
+        chunks=chunks,
+        placement=interleaved_placement(pp, chunks),
+        orders=tuple(tuple(o) for o in builders[key]()),
+    )
+    simulate(schedule)  # raises ScheduleDeadlock naming the stuck passes
+    return schedule

@@ -1,0 +1,67 @@
+"""Timings of a pipeline step: what each rank computed when, and the bubble measured from it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .simulator import PassTimes
+
+Span = tuple[str, int, int, float, float]  # kind, stage, micro-batch, start, end (perf_counter s)
+
+
+@dataclass
+class StepStats:
+    """One rank's step. Times are time.perf_counter() (CLOCK_MONOTONIC: comparable between
+    processes of one machine). spans hold compute only; waiting for messages is idle."""
+
+    start: float = 0.0
+    end: float = 0.0
+    recv_wait_s: float = 0.0
+    spans: list[Span] = field(default_factory=list)
+
+    @property
+    def wall_s(self) -> float:
+        return self.end - self.start
+
+    @property
+    def busy_s(self) -> float:
+        return sum(t1 - t0 for _, _, _, t0, t1 in self.spans)
+
+    @property
+    def idle_fraction(self) -> float:
+        return 0.0 if self.wall_s <= 0 else 1.0 - self.busy_s / self.wall_s
+
+
+def measured_bubble(ranks: Sequence[StepStats]) -> float:
+    """1 - (sum of busy time) / (pp x makespan), the makespan from the earliest start to
+    the latest end over the ranks: the simulator's bubble_fraction, measured."""
+    start = min(s.start for s in ranks)
+    makespan = max(s.end for s in ranks) - start
+    return 1.0 - sum(s.busy_s for s in ranks) / (len(ranks) * makespan)
+
+
+def mean_pass_times(ranks: Sequence[StepStats], num_stages: int | None = None):
+    """The mean measured time of each kind of pass, for simulate(): one PassTimes, or
+    with num_stages one per stage. A split backward's B is I + W."""
+    by_key: dict[tuple[str, int | None], list[float]] = {}
+    for s in ranks:
+        for kind, stage, _, t0, t1 in s.spans:
+            by_key.setdefault((kind, stage if num_stages else None), []).append(t1 - t0)
+
+    def times(stage: int | None) -> PassTimes:
+        def mean(kind: str) -> float | None:
+            v = by_key.get((kind, stage))
+            return sum(v) / len(v) if v else None
+
+        i, w = mean("I"), mean("W")
+        backward = mean("B")
+        if backward is None:
+            backward = (i or 0.0) + (w or 0.0)
+        return PassTimes(
+            forward=mean("F") or 0.0, backward=backward, backward_input=i, backward_weight=w
+        )
+
+    if num_stages is None:
+        return times(None)
+    return [times(s) for s in range(num_stages)]
