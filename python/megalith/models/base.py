@@ -171,4 +171,6 @@ class CausalLM(nn.Module):
         init_weights(self, seed)
 
     def to_hf_config(self) -> dict:
-        return self.config.to_hf_config()
+        """transformers' config.json content for this model, its dtype included."""
+        dtype = next(self.parameters()).dtype
+        return self.config.to_hf_config(dtype)

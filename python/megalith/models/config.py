@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -62,11 +65,13 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         return {"family": self.family, **dataclasses.asdict(self)}
 
-    def to_hf_config(self) -> dict[str, Any]:
+    def to_hf_config(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
         """transformers' config.json content for the matching *ForCausalLM class."""
+        import torch
+
         from .hf import to_hf_config
 
-        return to_hf_config(self)
+        return to_hf_config(self, dtype or torch.float32)
 
 
 @dataclass(frozen=True)
