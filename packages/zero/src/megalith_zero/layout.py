@@ -24,6 +24,9 @@ import torch
 #: each one's view is aligned for the engine's SIMD kernels.
 ALIGN_ELEMENTS = 16
 
+#: Models up to this size (of working parameters) are laid out as a single chunk.
+SMALL_MODEL_BYTES = 32 << 20
+
 
 def round_up(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple
@@ -106,7 +109,9 @@ def chunk_numel_for(numels: Sequence[int], chunk_bytes: int, element_bytes: int,
     else the engine's search for the least padding, among capacities from 1 MiB up to
     an eighth of the model (at most 64 MiB, at least the largest parameter): small
     enough that reductions overlap backward and stage 3 holds a fraction of the
-    model at a time, large enough that each collective moves a useful amount."""
+    model at a time, large enough that each collective moves a useful amount.
+    A model of at most SMALL_MODEL_BYTES is one chunk: there, each collective's
+    latency costs more than overlap could save, and memory is no concern."""
     align = world * ALIGN_ELEMENTS
     largest = max((round_up(n, ALIGN_ELEMENTS) for n in numels), default=ALIGN_ELEMENTS)
     if chunk_bytes:
@@ -114,6 +119,8 @@ def chunk_numel_for(numels: Sequence[int], chunk_bytes: int, element_bytes: int,
     from megalith import _engine
 
     sizes = [round_up(n, ALIGN_ELEMENTS) * element_bytes for n in numels]
+    if sum(sizes) <= SMALL_MODEL_BYTES:
+        return round_up(sum(sizes) // element_bytes, align)
     hi = max(min(64 << 20, sum(sizes) // 8), max(sizes))
     lo = min(1 << 20, hi)
     capacity, _ = _engine.memory.search_chunk_capacity(
