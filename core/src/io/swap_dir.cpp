@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <ctime>
@@ -146,8 +147,12 @@ SwapDir::SwapDir(const std::string& root, const std::string& run_name, std::shar
     }
   }
   s.lock_fd = detail::create_marker(s.path, s.id, run_name);
-  std::lock_guard<std::mutex> lock(detail::registry().mu);
-  detail::registry().live.push_back(state_);
+  auto& reg = detail::registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  auto& live = reg.live;
+  live.erase(std::remove_if(live.begin(), live.end(), [](const auto& w) { return w.expired(); }),
+             live.end());
+  live.push_back(state_);
 }
 
 SwapDir::~SwapDir() = default;
