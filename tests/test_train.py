@@ -68,6 +68,21 @@ def test_cli_trains_and_reports(tmp_path):
     assert state.find(run) == run / "checkpoints" / "step_000040"
     for words in ("val loss", "unigram baseline", "tokens/s", "peak memory", "checkpoint"):
         assert words in out.stdout, out.stdout[-2000:]
+    _loads_in_transformers(run / "checkpoints" / "step_000040" / "model")
+
+
+def _loads_in_transformers(model_dir):
+    """The checkpoint's model folder is a transformers model: same logits as ours."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from megalith import models
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    ours = models.load_pretrained(model_dir).eval()
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(hf(ids).logits, ours(ids), atol=1e-5)
 
 
 def _pids_with(text: str) -> list[int]:

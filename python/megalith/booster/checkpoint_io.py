@@ -61,6 +61,9 @@ def save_model(model: Any, checkpoint: str, shard: bool, size_per_shard: int) ->
                 out.add(k, t)
             out.finish()
             _barrier()
+        raw = model.unwrap()
+        if shard and rank0 and hasattr(raw, "to_hf_config"):  # transformers' from_pretrained reads it
+            zero.files.atomic_json(raw.to_hf_config(), target / "config.json")
         if not shard and rank0:
             os.replace(target / "model.safetensors", path)
     finally:
