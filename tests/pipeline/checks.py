@@ -72,7 +72,9 @@ def data(case: Case, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def loss_fn(kind: str):
     if kind == "gpt2":
-        return lambda out, y: nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        return lambda out, y: nn.functional.cross_entropy(
+            out.reshape(-1, out.shape[-1]), y.reshape(-1)
+        )
     return nn.functional.mse_loss
 
 
@@ -118,23 +120,29 @@ def check_against_reference(rank: int, case: Case, mesh: comm.Mesh | None = None
         for name, p, q in pairs:
             assert p.grad is not None, f"{case}: {name} has no gradient on pp rank {pipe.rank}"
             worst["grad"] = max(worst["grad"], close(p.grad, q.grad))
-            assert close(p.grad, q.grad) <= RTOL, f"{case} step {step}: grad of {name}: {close(p.grad, q.grad):.2e}"
+            assert close(p.grad, q.grad) <= RTOL, (
+                f"{case} step {step}: grad of {name}: {close(p.grad, q.grad):.2e}"
+            )
         ref_opt.step()
         opt.step()
         ref_opt.zero_grad()
         opt.zero_grad()
-        for name, p, q in pairs:
+        for _, p, q in pairs:
             worst["param"] = max(worst["param"], close(p.detach(), q.detach()))
     assert worst["loss"] <= RTOL and worst["param"] <= RTOL, f"{case}: {worst}"
     return {"loss": losses, "errors": worst, "sizes": pipe.partition.sizes}
 
 
-def _pairs(pipe: Pipeline, ref_layers: list[nn.Module]) -> list[tuple[str, nn.Parameter, nn.Parameter]]:
+def _pairs(
+    pipe: Pipeline, ref_layers: list[nn.Module]
+) -> list[tuple[str, nn.Parameter, nn.Parameter]]:
     """(name, pipeline parameter, reference parameter) for every parameter on this rank."""
     out, seen = [], set()
     for stage in pipe.module:
         for layer, idx in zip(stage.layers, stage.layer_ids):
-            for (name, p), (_, q) in zip(layer.named_parameters(), ref_layers[idx].named_parameters()):
+            for (name, p), (_, q) in zip(
+                layer.named_parameters(), ref_layers[idx].named_parameters()
+            ):
                 if id(p) not in seen:
                     seen.add(id(p))
                     out.append((f"layer {idx} {name}", p, q))

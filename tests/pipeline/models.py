@@ -30,7 +30,9 @@ class Residual(nn.Module):
 
 def mlp(n_layers: int, seed: int = 0) -> nn.Sequential:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(4, DIM), *[Residual(DIM) for _ in range(n_layers - 2)], nn.Linear(DIM, 3))
+    return nn.Sequential(
+        nn.Linear(4, DIM), *[Residual(DIM) for _ in range(n_layers - 2)], nn.Linear(DIM, 3)
+    )
 
 
 class ToDict(nn.Module):
@@ -93,7 +95,11 @@ def mixed(n_layers: int, seed: int = 0) -> nn.Sequential:
     n_dict = (n_layers - 3) // 2
     n_tuple = n_layers - 3 - n_dict
     return nn.Sequential(
-        ToDict(), *[DictBlock() for _ in range(n_dict)], ToTuple(), *[TupleBlock() for _ in range(n_tuple)], TupleHead()
+        ToDict(),
+        *[DictBlock() for _ in range(n_dict)],
+        ToTuple(),
+        *[TupleBlock() for _ in range(n_tuple)],
+        TupleHead(),
     )
 
 
@@ -123,7 +129,9 @@ class _Transformer(nn.Module):
 
 
 class TinyGPT2(nn.Module):
-    def __init__(self, vocab: int = 32, seq: int = 8, dim: int = 16, layers: int = 4, heads: int = 2):
+    def __init__(
+        self, vocab: int = 32, seq: int = 8, dim: int = 16, layers: int = 4, heads: int = 2
+    ):
         super().__init__()
         self.transformer = _Transformer(vocab, seq, dim, layers, heads)
         self.lm_head = nn.Linear(dim, vocab, bias=False)

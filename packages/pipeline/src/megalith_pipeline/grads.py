@@ -22,6 +22,12 @@ from .schedule import Schedule
 
 
 class TiedParams:
+    """Parameters whose gradients are summed over the stages that use them.
+
+    A tie is one Parameter object used by layers on several ranks, or objects the
+    model declares tied (`extra`: a copy materialised apart on another stage).
+    """
+
     def __init__(
         self,
         layers: Sequence[nn.Module],
@@ -30,35 +36,61 @@ class TiedParams:
         group: comm.ProcessGroup,
         mesh: comm.Mesh | None,
         pp_axis: str,
+        extra: Sequence[tuple[nn.Parameter, nn.Parameter]] = (),
     ):
-        holders: dict[int, tuple[nn.Parameter, set[int]]] = {}
+        params: dict[int, nn.Parameter] = {}
+        ranks: dict[int, set[int]] = {}  # id(param) -> pp ranks whose stages use it
         for s in range(schedule.num_stages):
             for i in partition.layers(s):
                 for p in layers[i].parameters():
-                    holders.setdefault(id(p), (p, set()))[1].add(schedule.rank_of(s))
-        self.ties = [(p, tuple(sorted(r))) for p, r in holders.values() if len(r) > 1]
-        self.crosses_ranks = bool(self.ties)
+                    params[id(p)] = p
+                    ranks.setdefault(id(p), set()).add(schedule.rank_of(s))
+        root = {k: k for k in params}
+
+        def find(k: int) -> int:
+            while root[k] != k:
+                k = root[k]
+            return k
+
+        for a, b in extra:
+            if id(a) in root and id(b) in root:
+                root[find(id(a))] = find(id(b))
+        members: dict[int, list[int]] = {}
+        for k in params:  # first-seen order: the same on every rank
+            members.setdefault(find(k), []).append(k)
+        self.ties: list[tuple[tuple[int, ...], list[nn.Parameter]]] = []
+        for keys in members.values():
+            holders = tuple(sorted(set().union(*(ranks[k] for k in keys))))
+            local = [params[k] for k in keys if group.rank in ranks[k]]
+            if len(holders) > 1 or len(local) > 1:
+                self.ties.append((holders, local))
+        self.crosses_ranks = any(len(h) > 1 for h, _ in self.ties)
         self._groups: dict[tuple[int, ...], comm.ProcessGroup] = {}
-        for ranks in dict.fromkeys(r for _, r in self.ties):  # first-seen order, same everywhere
+        for holders in dict.fromkeys(h for h, _ in self.ties if len(h) > 1):
             made = comm.new_groups(
-                _world_partition(ranks, group, mesh, pp_axis), name="pipeline_tied"
+                _world_partition(holders, group, mesh, pp_axis), name="pipeline_tied"
             )
-            mine = [g for g in made if g is not None]
-            if group.rank in ranks:
-                self._groups[ranks] = mine[0]
-        self._rank = group.rank
+            if group.rank in holders:
+                self._groups[holders] = next(g for g in made if g is not None)
 
     def reduce_grads(self) -> None:
-        """Sums each tied parameter's gradient over the ranks that hold it."""
+        """Gives every copy of a tied parameter the sum of all copies' gradients."""
+        sums: list[tuple[torch.Tensor, list[nn.Parameter]]] = []
         by_group: dict[tuple[int, ...], list[torch.Tensor]] = {}
-        for p, ranks in self.ties:
-            if self._rank not in ranks:
+        for holders, local in self.ties:
+            if not local:
                 continue
-            if p.grad is None:  # unused here: its share is zero, but the sum must still run
-                p.grad = torch.zeros_like(p)
-            by_group.setdefault(ranks, []).append(p.grad)
-        for ranks, grads in by_group.items():
-            comm.all_reduce_coalesced(grads, op="sum", group=self._groups[ranks])
+            grads = [p.grad for p in local if p.grad is not None]
+            # Unused here: the share is zero, but the sum over the ranks must still run.
+            total = torch.zeros_like(local[0]) if not grads else sum(grads[1:], grads[0].clone())
+            sums.append((total, local))
+            if len(holders) > 1:
+                by_group.setdefault(holders, []).append(total)
+        for holders, grads in by_group.items():
+            comm.all_reduce_coalesced(grads, op="sum", group=self._groups[holders])
+        for total, local in sums:
+            for p in local:
+                p.grad = total if len(local) == 1 else total.clone()
 
 
 def _world_partition(

@@ -24,7 +24,7 @@ import megalith_comm as comm
 from .channels import Channels
 from .executor import Executor
 from .grads import TiedParams, reduce_dp
-from .layers import as_layers
+from .layers import as_layers, named_ties
 from .partition import Partition, partition
 from .schedule import Schedule
 from .schedules import make_schedule
@@ -112,7 +112,9 @@ class Pipeline:
         self.dp_group = None
         if mesh is not None and dp_axis is not None and dp_axis in mesh.names:
             self.dp_group = mesh.group(dp_axis)
-        self.tied = TiedParams(layers, self.partition, schedule, self.group, mesh, pp_axis)
+        self.tied = TiedParams(
+            layers, self.partition, schedule, self.group, mesh, pp_axis, named_ties(model)
+        )
         device = next((p.device for p in self.module.parameters()), self.world.device)
         self.channels = Channels(schedule, self.group, device)
         self.executor = Executor(schedule, self.rank, self.stages, self.channels, loss_fn)
@@ -199,6 +201,7 @@ class Pipeline:
     def _share_loss(self, loss: torch.Tensor | None) -> torch.Tensor | None:
         if not self.loss_on_all_ranks:
             return loss if self.is_last else None
-        buf = loss.reshape(1).clone() if self.is_last else torch.zeros(1)
+        device = self.channels.device
+        buf = loss.reshape(1).to(device) if self.is_last else torch.zeros(1, device=device)
         comm.broadcast(buf, src=self.group.global_rank(self.schedule.last_rank), group=self.group)
         return buf.reshape(())
