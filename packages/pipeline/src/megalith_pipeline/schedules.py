@@ -52,16 +52,34 @@ def one_f_one_b_orders(pp: int, m: int) -> list[list[Action]]:
     return orders
 
 
+def _groups(pp: int, m: int) -> list[range]:
+    """Micro-batch groups of at least pp (all of them when m < pp), the larger ones first."""
+    if m <= pp:
+        return [range(m)]
+    k = m // pp
+    q, extra = divmod(m, k)
+    out, start = [], 0
+    for i in range(k):
+        n = q + (1 if i < extra else 0)
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
 def interleaved_orders(pp: int, m: int, chunks: int) -> list[list[Action]]:
     """Interleaved 1F1B (Narayanan et al. 2021): stage c * pp + r on rank r.
 
-    Micro-batches go in groups of pp: a group runs through chunk 0, then chunk 1...
-    in forward, and through the chunks in reverse in backward. Rank r runs
-    2 (pp - r - 1) + (chunks - 1) pp forwards before its first backward. The last
-    group may be smaller (m not a multiple of pp), which the simulator checks.
+    Micro-batches go in groups: a group runs through chunk 0, then chunk 1... in
+    forward, and through the chunks in reverse in backward. Rank r runs
+    2 (pp - r - 1) + (chunks - 1) g forwards before its first backward, g the first
+    group's size. Groups are pp micro-batches when pp divides m (Megatron's
+    schedule); otherwise m is cut into m // pp groups as even as possible, larger
+    first: a last group smaller than pp would make the first rank's warm-up reach
+    forwards that the last rank sends only after a backward it waits for (a
+    deadlock; pp 5, m 7 is one).
     """
+    groups = _groups(pp, m)
     orders = []
-    groups = [range(g, min(g + pp, m)) for g in range(0, m, pp)]
     for r in range(pp):
         fwd = [Action(FORWARD, c * pp + r, mb) for g in groups for c in range(chunks) for mb in g]
         bwd = [
@@ -70,7 +88,8 @@ def interleaved_orders(pp: int, m: int, chunks: int) -> list[list[Action]]:
             for c in reversed(range(chunks))
             for mb in g
         ]
-        orders.append(_merge_1f1b(fwd, bwd, 2 * (pp - r - 1) + (chunks - 1) * pp))
+        warmup = 2 * (pp - r - 1) + (chunks - 1) * len(groups[0])
+        orders.append(_merge_1f1b(fwd, bwd, warmup))
     return orders
 
 
