@@ -42,6 +42,10 @@ class Channels:
         self._local: dict[tuple[int, int], Any] = {}  # (tag, mb) -> message, same-rank stages
         self._pending: list[comm.Handle] = []
         self.recv_wait_s = 0.0  # time spent blocked in receives this step
+        # When each message was posted / waited for and arrived (tag, mb) -> perf_counter
+        # times; stats.comm_latency pairs them across ranks.
+        self.sent: dict[tuple[int, int], float] = {}
+        self.received: dict[tuple[int, int], tuple[float, float]] = {}
 
     def _peer(self, stage: int) -> int | None:
         """The global rank holding `stage`, or None when it is this rank."""
@@ -53,6 +57,7 @@ class Channels:
         if peer is None:
             self._local[(tag, mb)] = message
             return
+        self.sent[(tag, mb)] = time.perf_counter()
         self._pending.append(comm.send(message, dst=peer, group=self.group, tag=tag, async_op=True))
         done = [h for h in self._pending if h.is_completed()]
         for h in done:  # surfaces a failed send now, and lets its tensors go
@@ -65,7 +70,9 @@ class Channels:
             return self._local.pop((tag, mb))
         start = time.perf_counter()
         message = comm.recv(src=peer, group=self.group, tag=tag, device=self.device)
-        self.recv_wait_s += time.perf_counter() - start
+        end = time.perf_counter()
+        self.recv_wait_s += end - start
+        self.received[(tag, mb)] = (start, end)
         return list(message)
 
     # -- activations ----------------------------------------------------------

@@ -104,6 +104,7 @@ class Executor:
         results: dict[int, Any] = {}
         stats = StepStats(start=time.perf_counter())
         self.channels.recv_wait_s = 0.0
+        self.channels.sent, self.channels.received = {}, {}
         with torch.set_grad_enabled(train):
             for i, a in enumerate(order):
                 # Gradients are reduced (by DDP or ZeRO) in the rank's last weight-gradient pass only.
@@ -120,6 +121,7 @@ class Executor:
         self.channels.wait()
         stats.end = time.perf_counter()
         stats.recv_wait_s = self.channels.recv_wait_s
+        stats.sent, stats.received = self.channels.sent, self.channels.received
         self._live.clear()
         return self._loss, [results[mb] for mb in sorted(results)], stats
 

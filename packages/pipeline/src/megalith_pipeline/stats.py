@@ -19,6 +19,8 @@ class StepStats:
     end: float = 0.0
     recv_wait_s: float = 0.0
     spans: list[Span] = field(default_factory=list)
+    sent: dict[tuple[int, int], float] = field(default_factory=dict)  # (tag, mb) -> posted
+    received: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
 
     @property
     def wall_s(self) -> float:
@@ -41,9 +43,24 @@ def measured_bubble(ranks: Sequence[StepStats]) -> float:
     return 1.0 - sum(s.busy_s for s in ranks) / (len(ranks) * makespan)
 
 
+def comm_latency(ranks: Sequence[StepStats]) -> float:
+    """Mean time from a send's post to its arrival, over messages the receiver was
+    already waiting for (so the time is transit, not the receiver being busy)."""
+    sent = {k: t for s in ranks for k, t in s.sent.items()}
+    hops = [
+        end - sent[k]
+        for s in ranks
+        for k, (start, end) in s.received.items()
+        if k in sent and start <= sent[k]
+    ]
+    return sum(hops) / len(hops) if hops else 0.0
+
+
 def mean_pass_times(ranks: Sequence[StepStats], num_stages: int | None = None):
     """The mean measured time of each kind of pass, for simulate(): one PassTimes, or
-    with num_stages one per stage. A split backward's B is I + W."""
+    with num_stages one per stage. A split backward's B is I + W; comm is
+    comm_latency(ranks)."""
+    comm = comm_latency(ranks)
     by_key: dict[tuple[str, int | None], list[float]] = {}
     for s in ranks:
         for kind, stage, _, t0, t1 in s.spans:
@@ -59,7 +76,11 @@ def mean_pass_times(ranks: Sequence[StepStats], num_stages: int | None = None):
         if backward is None:
             backward = (i or 0.0) + (w or 0.0)
         return PassTimes(
-            forward=mean("F") or 0.0, backward=backward, backward_input=i, backward_weight=w
+            forward=mean("F") or 0.0,
+            backward=backward,
+            backward_input=i,
+            backward_weight=w,
+            comm=comm,
         )
 
     if num_stages is None:
