@@ -88,7 +88,8 @@ def test_timeline_text_and_per_stage_times():
     assert lines[0].startswith("1f1b (pp 2, 3 micro-batches") and "bubble" in lines[0]
     assert lines[1].startswith("rank 0 |F0") and lines[2].startswith("rank 1 |.")
     assert all(len(line) == len(lines[1]) for line in lines[1:])
-    assert t.makespan == pytest.approx(1 + 3 * 6 + 2)  # stage 1 busy from 1 to 19, then B2 of stage 0
+    # stage 1 is busy from 1 to 19, then stage 0 runs its last backward
+    assert t.makespan == pytest.approx(1 + 3 * 6 + 2)
     slow = simulate(s, PassTimes(1, 2, comm=0.5))
     assert slow.makespan == pytest.approx(14.0)  # 12 without; four hops on the critical path
     inter = simulate(make_schedule("interleaved", 2, 2)).render(width=120)
