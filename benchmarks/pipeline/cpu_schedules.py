@@ -1,6 +1,6 @@
 """Pipeline step time per schedule on CPU ranks, beside torch.distributed.pipelining.
 
-    python benchmarks/pipeline/cpu_schedules.py [--pp 2 4] [--microbatches 8] [--steps 6]
+    python benchmarks/pipeline/cpu_schedules.py [--pp 2 4] [--microbatches 8] [--steps 15]
         [--out benchmarks/results/pipeline_cpu_<date>.md]
 
 For each pp it spawns pp CPU ranks (Gloo, one thread each) and, in one process
@@ -48,17 +48,20 @@ def _data(c: Config) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def _time_steps(run, warmup: int, steps: int) -> list[float]:
+def _time_pair(runs, warmup: int, steps: int) -> list[list[float]]:
+    """Each runner's step times, the runners alternating step by step (a drift in the
+    machine's load hits both alike)."""
     import megalith_comm as comm
 
-    times = []
+    times: list[list[float]] = [[] for _ in runs]
     for i in range(warmup + steps):
-        comm.barrier()
-        t0 = time.perf_counter()
-        run()
-        comm.barrier()  # the slowest rank's end
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
+        for k, run in enumerate(runs):
+            comm.barrier()
+            t0 = time.perf_counter()
+            run()
+            comm.barrier()  # the slowest rank's end
+            if i >= warmup:
+                times[k].append(time.perf_counter() - t0)
     return times
 
 
@@ -115,13 +118,20 @@ def worker(rank: int, cfg: dict) -> list[dict]:
             for p in pipe.module.parameters():
                 p.grad = None
 
-        times = _time_steps(run, cfg["warmup"], cfg["steps"])
-        row = {"schedule": name, "times": times, "stats": pipe.last_stats, "peer": None}
+        row: dict = {"schedule": name, "peer": None}
         try:
-            peer = _torch_peer(name, pipe, x, y, m)
-            row["peer"] = _time_steps(peer, cfg["warmup"], cfg["steps"])
+            runs = [run, _torch_peer(name, pipe, x, y, m)]
         except Exception as exc:  # report, do not hide, what the peer cannot run
             row["peer_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+            runs = [run]
+        times = _time_pair(runs, cfg["warmup"], cfg["steps"])
+        row["times"] = times[0]
+        row["peer"] = times[1] if len(times) > 1 else None
+        import megalith_comm as comm
+
+        comm.barrier()
+        pipe.step(x, y)  # once more alone: the stats of a step without the peer around it
+        row["stats"] = pipe.last_stats
         rows.append(row)
     return rows
 
@@ -142,6 +152,15 @@ def single_process(c: Config, m: int, warmup: int, steps: int) -> float:
     return statistics.median(times)
 
 
+def wait_for_quiet(max_load: float, max_wait: float) -> float:
+    """Waits (at most max_wait s) until the 1-minute load average is below max_load;
+    returns the load seen when starting."""
+    end = time.monotonic() + max_wait
+    while os.getloadavg()[0] > max_load and time.monotonic() < end:
+        time.sleep(5)
+    return os.getloadavg()[0]
+
+
 def main() -> None:
     from megalith.testing import run_distributed
     from megalith_pipeline import make_schedule, mean_pass_times, measured_bubble, simulate
@@ -150,14 +169,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pp", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--microbatches", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--max-load", type=float, default=1.0, help="wait for a load below this")
+    ap.add_argument("--max-wait", type=float, default=600.0, help="but at most this long (s)")
     args = ap.parse_args()
     c = Config()
     m = args.microbatches
     tokens = BATCH * c.seq
     params = sum(p.numel() for p in SmallGPT(c).parameters())
+    loads = [wait_for_quiet(args.max_load, args.max_wait)]
     base = single_process(c, m, args.warmup, args.steps)
     lines = [
         f"# Pipeline schedules on CPU ranks: small GPT ({params / 1e6:.2f} M params, "
@@ -165,9 +187,9 @@ def main() -> None:
         "",
         f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC; torch {torch.__version__}, "
         f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), one thread per "
-        f"rank, Gloo; load average before the run {os.getloadavg()[0]:.1f}. "
+        f"rank, Gloo; 1-minute load average when each part started: {{loads}}. "
         f"Step = forward + backward of every micro-batch, median of {args.steps} steps "
-        f"after {args.warmup} warm-up, slowest rank.",
+        f"after {args.warmup} warm-up, slowest rank; megalith's and torch's steps alternate.",
         "",
         f"No pipeline (one process, the whole model, {m} micro-batches accumulated): "
         f"{base * 1e3:.0f} ms/step, {tokens / base:,.0f} tokens/s.",
@@ -178,6 +200,7 @@ def main() -> None:
     ]
     for pp in args.pp:
         cfg = {"m": m, "steps": args.steps, "warmup": args.warmup}
+        loads.append(wait_for_quiet(args.max_load, args.max_wait))
         per_rank = run_distributed(worker, pp, cfg, timeout=3000)
         for i, name in enumerate(SCHEDULES):
             rows = [r[i] for r in per_rank]
@@ -204,7 +227,7 @@ def main() -> None:
         "interleaved runs 2 chunks per rank (both libraries); torch's zero-bubble peer is "
         "ScheduleInterleavedZeroBubble on the same one stage per rank.",
     ]
-    text = "\n".join(lines) + "\n"
+    text = "\n".join(lines).replace("{loads}", ", ".join(f"{x:.1f}" for x in loads)) + "\n"
     print(text)
     if args.out:
         Path(args.out).write_text(text)
