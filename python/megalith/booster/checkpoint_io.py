@@ -145,9 +145,9 @@ def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard:
             "kind": _kind(optim),
             "param_groups": zero.full_optimizer.hyperparameters(optim.param_groups),
             "params": params,
-            "loss_scale": {"scale": float(scaler.get_scale()), "clean_steps": 0}
-            if scaler
-            else None,
+            # the scale in megalith_zero's form (a ZeRO plugin reads it) and GradScaler's own state
+            "loss_scale": {"scale": float(scaler.get_scale()), "clean_steps": 0} if scaler else None,
+            "grad_scaler": dict(scaler.state_dict()) if scaler else None,
         }
         zero.files.atomic_json(meta, path / "optimizer.json")
     _barrier()
@@ -193,6 +193,9 @@ def load_optimizer(optimizer: Any, checkpoint: str) -> None:
         if isinstance(g.get("betas"), list):
             g["betas"] = tuple(g["betas"])
     optim.load_state_dict({"state": state, "param_groups": groups})
+    scaler = getattr(optimizer, "scaler", None)
+    if scaler is not None and meta.get("grad_scaler"):
+        scaler.load_state_dict(meta["grad_scaler"])
     _barrier()
 
 
