@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 import megalith.models as mm
+from megalith_comm import p2p
 from megalith_pipeline import Pipeline, as_layers
 
 from . import models
@@ -76,6 +77,20 @@ def eval_and_forward(rank: int, pp: int) -> dict:
         assert outs is None
     loss = pipe.step(x, y)
     assert close(loss, want) <= RTOL  # every rank
+    # inputs only where the first stage is, targets only where the loss is; shapes cached:
+    # after the first step, only data crosses the channels
+    pipe = Pipeline(models.mixed(8), num_microbatches=4, schedule="1f1b", loss_fn=lf)
+    x8, y8 = torch.randn(8, 4), torch.randn(8, 3)
+    for step in range(2):
+        before = dict(p2p.STATS)
+        loss = pipe.step(x8 if pipe.is_first else None, y8 if pipe.is_last else None)
+        sent = p2p.STATS["metadata_sent"] - before["metadata_sent"]
+        if step == 1:
+            assert sent == 0, f"metadata sent again on rank {rank}"
+    with torch.no_grad():
+        want = lf(models.mixed(8)(x8), y8)
+    if pipe.is_last:
+        assert close(loss, want) <= RTOL
     # balance by measured time: a collective average, so every rank cuts the same way
     timed = Pipeline(models.mlp(8), num_microbatches=2, balance="time", sample=x[:5], loss_fn=lf)
     assert sum(timed.partition.sizes) == 8
