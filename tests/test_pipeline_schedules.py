@@ -122,3 +122,14 @@ def test_an_order_that_cannot_complete_is_refused():
     missing = Schedule("custom", 2, 1, 1, (0, 1), (orders[0], (Action("F", 1, 0),)))
     with pytest.raises(ValueError, match="each pass once"):
         simulate(missing)
+
+
+def test_which_schedules_keep_message_order_per_peer():
+    """NCCL matches messages between two ranks by order alone (no tags): only interleaved at
+    pp 2 with an odd count above 3 receives from its peer in another order than it sends."""
+    for name in SCHEDULES:
+        for pp in range(1, 6):
+            for m in range(1, 12):
+                s = make_schedule(name, pp, m)
+                odd = name == "interleaved" and pp == 2 and m % 2 == 1 and m > 3
+                assert s.in_order_pairs() is not odd, (name, pp, m)

@@ -35,6 +35,12 @@ class Channels:
             raise ValueError(
                 f"pipeline: the pp group has {group.size} ranks but the schedule is for pp={schedule.pp}"
             )
+        if device.type == "cuda" and not schedule.in_order_pairs():
+            raise ValueError(
+                f"pipeline: {schedule} sends messages to a peer in an order the peer receives "
+                "them differently, and NCCL (CUDA tensors) matches messages by order only; "
+                "use another micro-batch count or schedule"
+            )
         self.schedule = schedule
         self.group = group
         self.rank = group.rank
