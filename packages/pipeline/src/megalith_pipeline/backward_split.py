@@ -13,13 +13,14 @@ graph is needed; the split is found in the autograd graph of each micro-batch:
   part of the graph that reaches weights only (a Linear's AddmmBackward: one edge
   towards the layer input, the others towards its weight and bias). A pre-hook
   on each frontier node saves the gradient flowing into it during I.
-- W first runs each frontier node again, alone, for its weight-only edges
-  (torch.autograd.grad from the node to those edges: the dW matmul of a Linear).
-  One call per node, because a call that starts from two frontier nodes would
-  carry the later one's gradient down the input path into the earlier one,
-  which already has its own. Then one torch.autograd.backward from all those
-  edges (and from outputs that reach weights only) to the weights: transposes,
-  sums and AccumulateGrad.
+- W runs each frontier node again, alone, for its weight-only edges:
+  torch.autograd.backward from the node (a GradientEdge, with the saved gradient)
+  with `inputs=` the parameters below those edges. The engine computes only what
+  leads to `inputs`, so the node's edge towards the stage inputs is skipped (the
+  dW matmul of a Linear runs, its dX does not). One call per node, because a call
+  that starts from two frontier nodes would carry the later one's gradient down
+  the input path into the earlier one, which already has its own. Outputs that
+  reach weights but not inputs are W roots as they are.
 So nothing on the input path is computed twice. W accumulates into `.grad`
 through AccumulateGrad, so gradient hooks (DDP, ZeRO) fire as in a plain
 backward. A stage whose inputs need no gradient (the first) has an empty I and a
@@ -69,29 +70,34 @@ def _walk(
 
 
 class WeightPass:
-    """The deferred W pass of one micro-batch on one stage."""
+    """The deferred W pass of one micro-batch on one stage: backward calls, each from
+    some roots (tensors or GradientEdges) with their gradients, into some weights."""
 
-    def __init__(
-        self,
-        frontier: list[tuple[list[GradientEdge], list[torch.Tensor], list[GradientEdge]]],
-        roots: list[tuple[Any, torch.Tensor]],
-        weights: list[torch.Tensor],
-    ):
-        # per frontier node: (edges into it, the gradients saved there in I, its weight edges)
-        self._frontier = frontier
-        self._roots = roots  # outputs that reach weights only (or the whole backward), with grads
-        self._weights = weights
+    def __init__(self, calls: list[tuple[list[Any], list[torch.Tensor], list[torch.Tensor]]]):
+        self._calls = calls
 
     def run(self) -> None:
-        roots = list(self._roots)
-        for into, grads, edges in self._frontier:
-            found = torch.autograd.grad(into, edges, grads, allow_unused=True)
-            roots += [(e, g) for e, g in zip(edges, found) if g is not None]
-        if roots and self._weights:
-            torch.autograd.backward(
-                [r for r, _ in roots], [g for _, g in roots], inputs=self._weights
-            )
-        self._frontier, self._roots, self._weights = [], [], []
+        for roots, grads, weights in self._calls:
+            if roots and weights:
+                torch.autograd.backward(roots, grads, inputs=weights)
+        self._calls = []
+
+
+def _weights_below(
+    node: Node, weight_only: set[Node], params: dict[Node, torch.Tensor]
+) -> list[torch.Tensor]:
+    """The parameters reached from node's weight-only edges."""
+    found, seen = [], set()
+    stack = [c for c, _ in node.next_functions if c in weight_only]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in params:
+            found.append(params[n])
+        stack.extend(c for c, _ in n.next_functions if c in weight_only)
+    return found
 
 
 def input_pass(
@@ -108,9 +114,10 @@ def input_pass(
     grads = [torch.ones_like(o) if g is None else g for o, g in zip(outputs, grads)]
     weights = [w for w in weights if w.requires_grad]
     if not inputs:  # nothing to send back: W is the whole backward
-        return [], WeightPass([], list(zip(outputs, grads)), weights)
+        return [], WeightPass([(list(outputs), grads, weights)])
     input_nodes = {get_gradient_edge(x).node for x in inputs}
-    weight_nodes = {get_gradient_edge(w).node for w in weights}
+    params = {get_gradient_edge(w).node: w for w in weights}
+    weight_nodes = set(params)
     root_nodes = [get_gradient_edge(o).node for o in outputs]
     reach, parents = _walk(root_nodes, input_nodes, weight_nodes)
     weight_only = {n for n, r in reach.items() if r == (False, True)}
@@ -148,15 +155,17 @@ def input_pass(
             h.remove()
     input_grads = [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, found)]
     if shared:
-        return input_grads, WeightPass([], list(zip(outputs, grads)), weights)
+        return input_grads, WeightPass([(list(outputs), grads, weights)])
 
-    plan = []
+    calls = []
     for node in frontier:
         into = [
             (GradientEdge(node, i), g) for i, g in enumerate(saved.get(node, ())) if g is not None
         ]
-        edges = [GradientEdge(c, i) for c, i in node.next_functions if c in weight_only]
-        if into and edges:
-            plan.append(([e for e, _ in into], [g for _, g in into], edges))
+        below = _weights_below(node, weight_only, params)
+        if into and below:
+            calls.append(([e for e, _ in into], [g for _, g in into], below))
     roots = [(o, g) for o, g, n in zip(outputs, grads, root_nodes) if n in weight_only]
-    return input_grads, WeightPass(plan, roots, weights)
+    if roots:
+        calls.append(([o for o, _ in roots], [g for _, g in roots], weights))
+    return input_grads, WeightPass(calls)
