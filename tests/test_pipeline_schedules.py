@@ -93,7 +93,7 @@ def test_timeline_text_and_per_stage_times():
     slow = simulate(s, PassTimes(1, 2, comm=0.5))
     assert slow.makespan == pytest.approx(14.0)  # 12 without; four hops on the critical path
     inter = simulate(make_schedule("interleaved", 2, 2)).render(width=120)
-    assert "F0:1" in inter  # chunk 1 shown
+    assert "f0" in inter and "b0" in inter  # chunk 1 in lower case
 
 
 def test_bad_counts_name_the_numbers():
@@ -133,3 +133,11 @@ def test_which_schedules_keep_message_order_per_peer():
                 s = make_schedule(name, pp, m)
                 odd = name == "interleaved" and pp == 2 and m % 2 == 1 and m > 3
                 assert s.in_order_pairs() is not odd, (name, pp, m)
+
+
+def test_command_line_prints_the_timeline(capsys):
+    from megalith_pipeline.__main__ import main
+
+    main(["--schedule", "zb-h1", "--pp", "4", "--microbatches", "8", "--width", "60"])
+    out = capsys.readouterr().out
+    assert "rank 3 |" in out and "bubble 0.1111" in out and "= 0.2727" in out

@@ -74,7 +74,8 @@ class Timeline:
 
     def render(self, width: int = 100) -> str:
         """A text timeline: one row per rank; a pass shows as its kind and micro-batch
-        (`F3`, with `:c` for chunk c when there are several), idle time as '.'."""
+        (`F3`; on a rank's second chunk in lower case, `f3`, and from the third on with
+        the chunk after a colon, `F3:2`), idle time as '.'."""
         scale = width / self.makespan if self.makespan else 1.0
         lines = [f"{self.schedule}: bubble {self.bubble_fraction:.3f}, makespan {self.makespan:g}"]
         for r, row in enumerate(self.spans):
@@ -82,9 +83,10 @@ class Timeline:
             for span in row:
                 a, lo = span.action, round(span.start * scale)
                 hi = max(lo + 1, round(span.end * scale))
-                label = f"{a.kind}{a.mb}"
-                if self.schedule.chunks > 1:
-                    label += f":{self.schedule.chunk_of(a.stage)}"
+                chunk = self.schedule.chunk_of(a.stage)
+                label = f"{a.kind.lower() if chunk == 1 else a.kind}{a.mb}"
+                if chunk > 1:
+                    label += f":{chunk}"
                 text = (label + "-" * (hi - lo))[: hi - lo] if hi - lo > 1 else a.kind
                 cells[lo:hi] = list(text)
             lines.append(f"rank {r} |{''.join(cells[:width])}|")

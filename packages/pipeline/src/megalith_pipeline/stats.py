@@ -56,7 +56,9 @@ def comm_latency(ranks: Sequence[StepStats]) -> float:
     return sum(hops) / len(hops) if hops else 0.0
 
 
-def mean_pass_times(ranks: Sequence[StepStats], num_stages: int | None = None):
+def mean_pass_times(
+    ranks: Sequence[StepStats], num_stages: int | None = None
+) -> PassTimes | list[PassTimes]:
     """The mean measured time of each kind of pass, for simulate(): one PassTimes, or
     with num_stages one per stage. A split backward's B is I + W; comm is
     comm_latency(ranks)."""
