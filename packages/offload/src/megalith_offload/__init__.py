@@ -1,6 +1,36 @@
-"""megalith_offload: where chunks and optimizer states live (GPU, pinned CPU memory, NVMe).
+"""megalith_offload: where ZeRO's fp32 masters and optimizer states live.
 
-Nothing is implemented yet; see packages/offload/README.md for what is planned.
+Tiers: "device" (beside the parameters), "host" (pinned host memory when CUDA is
+there, else host memory, from the engine's resources) and "nvme" (files in a
+per-run swap directory through the engine's async I/O, read back before a
+chunk's step and written after it, the next chunk's read overlapping the step).
+
+    import megalith_zero as zero
+    from megalith_offload import OffloadConfig
+    cfg = zero.ZeroConfig(stage=2, offload=OffloadConfig(tier="nvme", swap_dir="/nvme/tmp"))
+
+See packages/offload/README.md.
 """
 
+from .config import TIERS, OffloadConfig
+from .host import ALIGNMENT, HostTier, host_resource
+from .offloader import Offloader
+from .placement import ChunkCost, Plan, plan
+from .swap import SwapStore, file_bytes
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "ALIGNMENT",
+    "TIERS",
+    "ChunkCost",
+    "HostTier",
+    "OffloadConfig",
+    "Offloader",
+    "Plan",
+    "SwapStore",
+    "__version__",
+    "file_bytes",
+    "host_resource",
+    "plan",
+]

@@ -15,6 +15,7 @@ from .full_state import iter_full_params
 from .grads import GradReducer
 from .layout import Layout, chunk_numel_for, plan
 from .memory import StateMemory
+from .offload import make_offloader
 from .optimizer import ZeroOptimizer
 from .rule import check_group, rule_for
 from .stage3 import Stage3Hooks
@@ -171,6 +172,8 @@ def shard(
     )
     layout = plan(params, group.size, numel)
     memory = StateMemory(device)
+    offloader, plan_index = make_offloader(config, layout, optimizer, rule, group.rank)
+    memory.offloader = offloader
     chunks = [
         FlatChunk(
             spec,
@@ -179,6 +182,8 @@ def shard(
             config,
             memory,
             spec.group >= 0,
+            offloader.tier(plan_index[spec.index]) if spec.index in plan_index else "device",
+            offloader,
         )
         for spec in layout.chunks
     ]
@@ -198,7 +203,7 @@ def shard(
         on_chunk_done=stage3.chunk_done if stage3 else None,
         on_backward_end=stage3.end_step if stage3 else None,
     )
-    zopt = ZeroOptimizer(optimizer, rule, chunks, reducer, group, gather_group, config)
+    zopt = ZeroOptimizer(optimizer, rule, chunks, reducer, group, gather_group, config, offloader)
     zmodel = ZeroModel(model, chunks, layout, memory, stage3, group, config.param_dtype)
     zmodel.optimizer, zopt.model = zopt, zmodel  # checkpoint functions take either
     return zmodel, zopt

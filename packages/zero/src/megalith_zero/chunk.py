@@ -7,10 +7,15 @@ buffer      stage 1                stage 2             stage 3
 =========== ====================== =================== ===================
 full        working params, kept   working params, kept gathered per use
 shard       view of full           view of full        working params, kept
-master      fp32 S (the shard itself when training in fp32)
+master      fp32 S (the shard itself when training in fp32 on the device tier)
 full_grad   reduce dtype, kept     while reducing      while reducing
 shard_grad  view of full_grad      reduce dtype S      reduce dtype S
 =========== ====================== =================== ===================
+
+With offloading (megalith_offload) a chunk's `tier` is "host" or "nvme": its
+master is a separate fp32 buffer in host memory (the update writes the working
+params as copies), and its optimizer states live in host memory or in a swap
+file that is read into `states` only around the chunk's step.
 
 Model parameters are views of `full` (`param.data`), so the model computes on
 the chunk's memory directly. [Note: stage 3 storage] At stage 3 `full` is a
@@ -20,6 +25,8 @@ the gather refills the same storage.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -39,6 +46,8 @@ class FlatChunk:
         config: ZeroConfig,
         memory: StateMemory,
         trainable: bool,
+        tier: str = "device",
+        offloader: Any = None,
     ):
         self.spec = spec
         self.params = params
@@ -46,6 +55,9 @@ class FlatChunk:
         self.stage = config.stage
         self.trainable = trainable
         self.memory = memory
+        self.tier = tier if trainable else "device"
+        self.host = offloader.host if self.tier != "device" else None
+        self.swap = offloader.swap if self.tier == "nvme" else None
         self.lo = rank * spec.shard_numel
         wd, rd = config.param_dtype, config.grad_reduce_dtype
         self.reduce_dtype = rd
@@ -65,8 +77,9 @@ class FlatChunk:
 
         # Master values come from the parameters as the user built them (fp32),
         # before they are rounded to the working dtype.
-        if trainable and wd != torch.float32:
-            self.master = memory.zeros("master", s, torch.float32)
+        if self.host is not None or (trainable and wd != torch.float32):
+            alloc = self.host or memory
+            self.master = alloc.zeros("master", s, torch.float32)
             for seg in spec.segments(rank):
                 src = params[spec.slots.index(seg.slot)].detach().reshape(-1)
                 self.master[seg.shard_start : seg.shard_start + seg.length].copy_(
@@ -77,7 +90,7 @@ class FlatChunk:
                 self.full[slot.offset : slot.offset + slot.numel].copy_(p.detach().reshape(-1))
         if self.stage == 3:
             self.shard.copy_(self.full[self.lo : self.lo + s])
-        if trainable and wd == torch.float32:
+        if trainable and wd == torch.float32 and self.host is None:
             self.master = self.shard
         for slot, p in zip(spec.slots, params):
             p.data = self.full[slot.offset : slot.offset + slot.numel].view(slot.shape)
@@ -188,9 +201,14 @@ class FlatChunk:
 
     # -- optimizer --------------------------------------------------------------
     def ensure_states(self, names: tuple[str, ...]) -> None:
+        if self.swap is not None:  # on NVMe: `states` holds them only around a step
+            if names:
+                self.swap.ensure(self.spec.index, names, self.spec.shard_numel)
+            return
         for name in names:
             if name not in self.states:
-                self.states[name] = self.memory.zeros(
+                alloc = self.host or self.memory
+                self.states[name] = alloc.zeros(
                     "optim_states", self.spec.shard_numel, torch.float32
                 )
 

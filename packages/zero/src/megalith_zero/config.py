@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -88,6 +89,9 @@ class ZeroConfig:
     prefetch: stage 3: how many chunks ahead of the running module are gathered.
     loss_scale: fp16 only; see LossScaleConfig.
     overlap: reduce gradients asynchronously while backward continues.
+    offload: a megalith_offload.OffloadConfig (needs megalith-offload): which
+        chunks keep their fp32 masters and optimizer states in host memory or on
+        NVMe, stepped there by the engine's CPU kernel. None: all on the device.
     """
 
     stage: int = 2
@@ -97,6 +101,7 @@ class ZeroConfig:
     prefetch: int = 1
     loss_scale: LossScaleConfig = LossScaleConfig()
     overlap: bool = True
+    offload: Any = None
 
     def __post_init__(self) -> None:
         if self.stage not in (1, 2, 3):
@@ -110,6 +115,13 @@ class ZeroConfig:
             )
         if self.prefetch < 0:
             raise ValueError(f"ZeroConfig: prefetch={self.prefetch}; expected >= 0")
+        if self.offload is not None and not (
+            hasattr(self.offload, "tier") and hasattr(self.offload, "optim_frac")
+        ):
+            raise ValueError(
+                f"ZeroConfig: offload={self.offload!r}; expected None or a "
+                "megalith_offload.OffloadConfig (e.g. OffloadConfig(tier='host'))"
+            )
 
     @property
     def param_dtype(self) -> torch.dtype:

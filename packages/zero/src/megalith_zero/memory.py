@@ -12,6 +12,7 @@ storage can do. Their bytes are tallied here as "gathered".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -64,6 +65,8 @@ class StateMemory:
             raise ValueError(f"megalith_zero: parameters on {device}; expected cpu or cuda")
         self._stats = {kind: mem.StatisticsAdaptor(upstream) for kind in KINDS[:-1]}
         self.gathered = _Tally()
+        #: an Offloader (megalith_offload) whose tiers join the report, or None
+        self.offloader: Any = None
 
     def empty(self, kind: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A 1-D tensor of `numel` elements in engine memory, counted under `kind`.
@@ -82,9 +85,16 @@ class StateMemory:
         return Usage(int(s.current_bytes), int(s.peak_bytes))
 
     def report(self) -> dict[str, Usage]:
-        return {kind: self.usage(kind) for kind in KINDS}
+        """Bytes per kind on the device tier (where the params live) and, with
+        offloading, per "<kind>@host" and "optim_states@nvme" (swap file bytes)."""
+        out = {kind: self.usage(kind) for kind in KINDS}
+        if self.offloader is not None:
+            out.update({k: Usage(*v) for k, v in self.offloader.report().items()})
+        return out
 
     def reset_peak(self) -> None:
         for s in self._stats.values():
             s.reset_peak()
         self.gathered.reset_peak()
+        if self.offloader is not None:
+            self.offloader.reset_peak()

@@ -16,6 +16,7 @@ from .chunk import FlatChunk
 from .config import ZeroConfig
 from .grads import GradReducer
 from .loss_scale import DynamicLossScaler
+from .offload import swapped_states
 from .rule import Rule
 
 
@@ -35,7 +36,9 @@ class ZeroOptimizer:
         group: comm.ProcessGroup,
         gather_group: comm.ProcessGroup,
         config: ZeroConfig,
+        offloader: Any = None,
     ):
+        self.offloader = offloader
         self.optimizer = optimizer
         self.rule = rule
         self.chunks = chunks
@@ -138,32 +141,62 @@ class ZeroOptimizer:
             pos += len(c.used)
         for gi, group in enumerate(self.optimizer.param_groups):
             names = self.rule.state_names(group)
-            work: dict[int, list[tuple[FlatChunk, slice]]] = {}
-            for c, u in zip(self.trainable, per_chunk_used):
-                if c.spec.group != gi:
-                    continue
-                c.ensure_states(names)
-                for step, sl, _ in c.step_pieces(u):
-                    work.setdefault(step, []).append((c, sl))
-            for step, pieces in work.items():
-                copies = None
-                if self.config.param_dtype != torch.float32:
-                    copies = [c.shard[sl] for c, sl in pieces]
-                self.rule.apply(
-                    group,
-                    step,
-                    [c.master[sl] for c, sl in pieces],
-                    [c.shard_grad[sl] for c, sl in pieces],
-                    {n: [c.states[n][sl] for c, sl in pieces] for n in names},
-                    copies,
-                    grad_scale,
-                )
+            mine = [(c, u) for c, u in zip(self.trainable, per_chunk_used) if c.spec.group == gi]
+            for tier in ("device", "host"):  # one engine call per tier and step number
+                batch = [(c, u) for c, u in mine if c.tier == tier]
+                for c, _ in batch:
+                    c.ensure_states(names)
+                self._apply(group, names, batch, grad_scale)
+            used_of = {id(c): u for c, u in mine}
+            swapped = [c for c, _ in mine if c.tier == "nvme"]
+            for c in swapped_states(self.offloader, swapped, names):
+                self._apply(group, names, [(c, used_of[id(c)])], grad_scale)
         for c, u in zip(self.trainable, per_chunk_used):
             c.steps = [s + 1 if ui else s for s, ui in zip(c.steps, u)]
         if self.config.stage in (1, 2):
             self._gather_params()
         self._end_step()
         return True
+
+    def _apply(
+        self,
+        group: dict[str, Any],
+        names: tuple[str, ...],
+        batch: list[tuple[FlatChunk, list[bool]]],
+        grad_scale: float,
+    ) -> None:
+        """The rule on chunks of one tier: one fused call per step number."""
+        work: dict[int, list[tuple[FlatChunk, slice]]] = {}
+        for c, u in batch:
+            for step, sl, _ in c.step_pieces(u):
+                work.setdefault(step, []).append((c, sl))
+        for step, pieces in work.items():
+            c0 = pieces[0][0]
+            grads = [c.shard_grad[sl] for c, sl in pieces]
+            copies = back = None
+            if c0.master.data_ptr() != c0.shard.data_ptr():  # a separate fp32 master
+                copies = [c.shard[sl] for c, sl in pieces]
+            if c0.tier != "device" and c0.shard.is_cuda:
+                # The host kernel steps host memory: grads come down, params go up.
+                grads = [g.to("cpu", non_blocking=False) for g in grads]
+                back, copies = copies, [torch.empty_like(x, device="cpu") for x in copies]
+            self.rule.apply(
+                group,
+                step,
+                [c.master[sl] for c, sl in pieces],
+                grads,
+                {n: [c.states[n][sl] for c, sl in pieces] for n in names},
+                copies,
+                grad_scale,
+            )
+            if back is not None:
+                for dst, src in zip(back, copies):
+                    dst.copy_(src, non_blocking=True)
+
+    def close(self) -> None:
+        """Waits for offload transfers and removes the run's swap directory (if any)."""
+        if self.offloader is not None:
+            self.offloader.close()
 
     def _gather_params(self, chunks: list[FlatChunk] | None = None) -> None:
         """Stages 1, 2: every rank's updated shard into everyone's full params."""

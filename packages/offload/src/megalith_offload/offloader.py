@@ -1,0 +1,56 @@
+"""Offloader: one rank's placement plan with the host memory and swap files behind it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .config import OffloadConfig
+from .host import HostTier
+from .placement import ChunkCost, Plan, plan
+from .swap import SwapStore
+
+
+class Offloader:
+    """Plans where each chunk's states live and owns the host tier and NVMe store.
+
+    report() gives (current, peak) bytes per "<kind>@<tier>" from the engine's
+    accounting: master@host, optim_states@host, swap_staging@host, optim_states@nvme.
+    """
+
+    def __init__(
+        self,
+        config: OffloadConfig,
+        costs: Sequence[ChunkCost],
+        rank: int,
+        pinned: bool | None = None,
+    ):
+        self.config = config
+        self.plan: Plan = plan(costs, config)
+        kinds = ("master", "optim_states") if config.tier == "host" else ("master", "swap_staging")
+        self.host = HostTier(config.host_budget_bytes, pinned, kinds)
+        self.swap: SwapStore | None = None
+        if self.plan.slots:
+            self.swap = SwapStore(config, rank, self.host, self.plan.slots, self.plan.slot_bytes)
+
+    def tier(self, index: int) -> str:
+        return self.plan.tiers[index]
+
+    @property
+    def offloaded(self) -> list[int]:
+        return [i for i, t in enumerate(self.plan.tiers) if t != "device"]
+
+    def report(self) -> dict[str, tuple[int, int]]:
+        out = {f"{k}@host": v for k, v in self.host.report().items()}
+        if self.swap is not None:
+            out.update(self.swap.report())
+        return out
+
+    def reset_peak(self) -> None:
+        self.host.reset_peak()
+        if self.swap is not None:
+            self.swap.reset_peak()
+
+    def close(self) -> None:
+        """Removes the swap directory (idempotent); host memory goes with its tensors."""
+        if self.swap is not None:
+            self.swap.close()

@@ -1,0 +1,175 @@
+"""NVMe tier: each offloaded chunk's optimizer states in one file of a per-run swap
+directory (the engine's SwapDir), staged through 4096-aligned host buffers so the
+engine's async I/O takes its O_DIRECT path.
+
+A file holds the chunk's states one after the other, each padded to 4096 bytes; a
+whole file moves in one request. stream() hands chunks out one at a time: the next
+chunk's read is in flight while the caller steps the current one, and each chunk's
+write-back starts as soon as the caller is done with it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Hashable, Iterable, Iterator
+
+import torch
+
+from megalith import _engine
+
+from .config import OffloadConfig
+from .host import ALIGNMENT, HostTier
+
+FLOAT = 4  # states are fp32
+
+
+def _padded(numel: int) -> int:
+    nbytes = numel * FLOAT
+    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
+
+def file_bytes(numel: int, n_states: int) -> int:
+    """Bytes of the swap file (and staging buffer) for n_states fp32 vectors of numel."""
+    return n_states * _padded(numel)
+
+
+class _Entry:
+    def __init__(self, file: _engine.io.SwapFile, names: tuple[str, ...], numel: int):
+        self.file, self.names, self.numel = file, names, numel
+        self.fresh = True  # never written: starts as zeros without a read
+
+
+class _Slot:
+    def __init__(self, buf: torch.Tensor):
+        self.buf = buf  # fp32 view of a 4096-aligned host buffer
+        self.pending: list[_engine.io.Request] = []
+
+    def settle(self) -> None:
+        reqs, self.pending = self.pending, []
+        for r in reqs:
+            r.wait()
+
+
+class SwapStore:
+    """Named fp32 state vectors per key (a chunk), kept in files on NVMe."""
+
+    def __init__(
+        self, config: OffloadConfig, rank: int, host: HostTier, slots: int, slot_bytes: int
+    ):
+        root = config.swap_dir or tempfile.gettempdir()
+        os.makedirs(root, exist_ok=True)
+        self.io = _engine.io.AsyncIO(threads=config.io_threads, direct=config.direct)
+        self.dir = _engine.io.SwapDir(root, f"{config.run_name}-rank{rank}", self.io)
+        self.path: str = self.dir.path
+        self._entries: dict[Hashable, _Entry] = {}
+        self._slots = [_Slot(host.empty("swap_staging", slot_bytes // FLOAT)) for _ in range(slots)]
+        self._peak = 0
+
+    @property
+    def overlapped(self) -> bool:
+        return len(self._slots) > 1
+
+    def ensure(self, key: Hashable, names: tuple[str, ...], numel: int) -> None:
+        """Reserves the file for `key`'s states on disk (zeros until first written)."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            if entry.names != names or entry.numel != numel:
+                raise ValueError(
+                    f"megalith_offload: chunk {key} has states {entry.names} of {entry.numel} "
+                    f"elements on NVMe; asked for {names} of {numel}"
+                )
+            return
+        nbytes = file_bytes(numel, len(names))
+        if nbytes > self._slots[0].buf.numel() * FLOAT:
+            raise ValueError(
+                f"megalith_offload: chunk {key}'s states take {nbytes} bytes, more than the "
+                f"{self._slots[0].buf.numel() * FLOAT}-byte staging buffer planned for them"
+            )
+        try:
+            file = self.dir.allocate(f"chunk{key}", nbytes)
+        except OSError as e:
+            raise OSError(
+                e.errno,
+                f"megalith_offload: no room for chunk {key}'s optimizer states ({nbytes} bytes) "
+                f"in the swap directory {self.path}: {e}",
+            ) from e
+        self._entries[key] = _Entry(file, names, numel)
+        self._peak = max(self._peak, self.nbytes)
+
+    def _views(self, entry: _Entry, slot: _Slot) -> dict[str, torch.Tensor]:
+        stride = _padded(entry.numel) // FLOAT
+        return {
+            n: slot.buf[i * stride : i * stride + entry.numel] for i, n in enumerate(entry.names)
+        }
+
+    def _whole(self, entry: _Entry, slot: _Slot) -> torch.Tensor:
+        return slot.buf[: entry.file.nbytes // FLOAT]
+
+    def _start_read(self, key: Hashable, slot: _Slot) -> _engine.io.Request | None:
+        slot.settle()  # its last chunk's write-back must finish before the buffer is reused
+        entry = self._entries[key]
+        if entry.fresh:
+            self._whole(entry, slot).zero_()
+            return None
+        return entry.file.read(self._whole(entry, slot))
+
+    def stream(
+        self, keys: Iterable[Hashable]
+    ) -> Iterator[tuple[Hashable, dict[str, torch.Tensor]]]:
+        """Yields (key, states) with the states in host memory; what the caller changes
+        is written back. The next key's read overlaps the caller's work on this one."""
+        keys = list(keys)
+        if not keys:
+            return
+        n = len(self._slots)
+        reads = {0: self._start_read(keys[0], self._slots[0])}
+        try:
+            for i, key in enumerate(keys):
+                slot = self._slots[i % n]
+                req = reads.pop(i)
+                if req is not None:
+                    req.wait()
+                if n > 1 and i + 1 < len(keys):
+                    reads[i + 1] = self._start_read(keys[i + 1], self._slots[(i + 1) % n])
+                entry = self._entries[key]
+                yield key, self._views(entry, slot)
+                slot.pending.append(entry.file.write(self._whole(entry, slot)))
+                entry.fresh = False
+                if n == 1 and i + 1 < len(keys):
+                    reads[i + 1] = self._start_read(keys[i + 1], slot)
+        finally:
+            for r in reads.values():
+                if r is not None:
+                    r.wait()
+            for s in self._slots:
+                s.settle()
+
+    def load(self, key: Hashable, out: dict[str, torch.Tensor]) -> None:
+        """Copies `key`'s states into `out` (tensors by name), synchronously."""
+        for _, states in self.stream([key]):
+            for name, t in states.items():
+                out[name].copy_(t)
+
+    def store(self, key: Hashable, src: dict[str, torch.Tensor]) -> None:
+        """Replaces `key`'s states with `src`, synchronously."""
+        for _, states in self.stream([key]):
+            for name, t in states.items():
+                t.copy_(src[name])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.file.nbytes for e in self._entries.values())
+
+    def report(self) -> dict[str, tuple[int, int]]:
+        return {"optim_states@nvme": (self.nbytes, self._peak)}
+
+    def reset_peak(self) -> None:
+        self._peak = self.nbytes
+
+    def close(self) -> None:
+        """Waits for every transfer and deletes the swap directory and its files."""
+        for s in self._slots:
+            s.settle()
+        self._entries.clear()
+        self.dir.remove()

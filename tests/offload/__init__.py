@@ -1,0 +1,1 @@
+"""Workers and helpers for the megalith_offload tests."""

@@ -1,0 +1,105 @@
+"""What each rank runs in the offload tests: the toy model (tests/zero/toy.py) under ZeRO,
+with its optimizer states on the device, host or NVMe tier."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+from dataclasses import dataclass
+
+import torch
+
+import megalith_comm as comm
+import megalith_zero as zero
+from megalith_offload import OffloadConfig
+
+from ..zero import toy
+
+
+@dataclass(frozen=True)
+class Case:
+    stage: int
+    tier: str = "none"  # "none": no offloading (the baseline)
+    frac: float = 1.0
+    device_budget: int | None = None
+    host_budget: int | None = None
+    precision: str = "fp32"
+    max_norm: float | None = None
+    steps: int = 20
+    chunk_bytes: int = 2048  # small: many chunks, shards cut through parameters
+    swap_dir: str = ""
+    fsize_limit: int = 0  # RLIMIT_FSIZE for this rank while training (0: none)
+
+
+def offload_config(case: Case) -> OffloadConfig | None:
+    if case.tier == "none":
+        return None
+    return OffloadConfig(
+        tier=case.tier,
+        optim_frac=case.frac,
+        device_budget_bytes=case.device_budget,
+        host_budget_bytes=case.host_budget,
+        swap_dir=case.swap_dir or None,
+        run_name="test",
+    )
+
+
+def _train(rank: int, case: Case):
+    n = comm.get_world().world_size
+    model = toy.make_model(0)
+    opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
+    config = zero.ZeroConfig(
+        stage=case.stage,
+        precision=case.precision,
+        chunk_bytes=case.chunk_bytes,
+        offload=offload_config(case),
+    )
+    zmodel, zopt = zero.shard(model, opt, config)
+    rows = toy.BATCH // n
+    losses = []
+    zmodel.memory.reset_peak()
+    for micro in toy.batches(0, case.steps, 1):
+        x, y = micro[0]
+        loss = toy.loss_fn(
+            zmodel, x[rank * rows : (rank + 1) * rows], y[rank * rows : (rank + 1) * rows]
+        )
+        zopt.backward(loss)
+        if case.max_norm is not None:
+            zopt.clip_grad_norm_(case.max_norm)
+        zopt.step()
+        zopt.zero_grad()
+        total = loss.detach().double()
+        comm.all_reduce(total, op="avg")
+        losses.append(float(total))
+    report = {k: (u.current_bytes, u.peak_bytes) for k, u in zmodel.memory_report().items()}
+    tiers = [c.tier for c in zmodel.chunks if c.trainable]
+    swap = zopt.offloader.swap.path if zopt.offloader and zopt.offloader.swap else None
+    state = zmodel.full_state_dict()
+    zopt.close()
+    gone = swap is None or not os.path.exists(swap)
+    return {
+        "losses": losses,
+        "params": state if rank == 0 else None,
+        "report": report,
+        "tiers": tiers,
+        "swap_removed": gone,
+        "swap_used": swap is not None,
+    }
+
+
+def train(rank: int, case: Case):
+    """Trains; returns a dict of results, or ("error", type, errno, message) when it fails."""
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.getsignal(signal.SIGXFSZ)
+    if case.fsize_limit:  # files of at most this many bytes: EFBIG past it, no signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (case.fsize_limit, old[1]))
+    try:
+        return _train(rank, case)
+    except (OSError, ValueError, MemoryError) as e:
+        return ("error", type(e).__name__, getattr(e, "errno", None), str(e))
+    finally:
+        if case.fsize_limit:
+            resource.setrlimit(resource.RLIMIT_FSIZE, old)
+            signal.signal(signal.SIGXFSZ, old_handler)
