@@ -35,16 +35,10 @@ class Channels:
             raise ValueError(
                 f"pipeline: the pp group has {group.size} ranks but the schedule is for pp={schedule.pp}"
             )
-        if device.type == "cuda" and not schedule.in_order_pairs():
-            raise ValueError(
-                f"pipeline: {schedule} sends messages to a peer in an order the peer receives "
-                "them differently, and NCCL (CUDA tensors) matches messages by order only; "
-                "use another micro-batch count or schedule"
-            )
         self.schedule = schedule
         self.group = group
         self.rank = group.rank
-        self.device = device
+        self.set_device(device)
         self._local: dict[tuple[int, int], Any] = {}  # (tag, mb) -> message, same-rank stages
         self._pending: list[comm.Handle] = []
         self.recv_wait_s = 0.0  # time spent blocked in receives this step
@@ -52,6 +46,16 @@ class Channels:
         # times; stats.comm_latency pairs them across ranks.
         self.sent: dict[tuple[int, int], float] = {}
         self.received: dict[tuple[int, int], tuple[float, float]] = {}
+
+    def set_device(self, device: torch.device) -> None:
+        """Where received tensors are allocated (the stages' device)."""
+        if device.type == "cuda" and not self.schedule.in_order_pairs():
+            raise ValueError(
+                f"pipeline: {self.schedule} sends messages to a peer in an order the peer "
+                "receives them differently, and NCCL (CUDA tensors) matches messages by order "
+                "only; use another micro-batch count or schedule"
+            )
+        self.device = device
 
     def _peer(self, stage: int) -> int | None:
         """The global rank holding `stage`, or None when it is this rank."""

@@ -59,9 +59,6 @@ class Executor:
         self.schedule = schedule
         self.rank = rank
         self.modules = modules
-        self.params = {
-            s: [p for p in m.parameters() if p.requires_grad] for s, m in modules.items()
-        }
         self.channels = channels
         self.loss_fn = loss_fn
         self.last = schedule.num_stages - 1
@@ -143,8 +140,10 @@ class Executor:
         t0 = time.perf_counter()
         if a.kind == INPUT_GRAD:
             with self._stage_errors(a, "the input-gradient pass"):
+                # looked up now: a stage materialised after the pipeline was built has new ones
+                weights = [p for p in self.modules[a.stage].parameters() if p.requires_grad]
                 input_grads, live.weight_pass = input_pass(
-                    live.outputs, grads, live.inputs, self.params[a.stage]
+                    live.outputs, grads, live.inputs, weights
                 )
             live.outputs, live.inputs = [], []
         else:

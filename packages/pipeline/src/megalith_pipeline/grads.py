@@ -26,6 +26,8 @@ class TiedParams:
 
     A tie is one Parameter object used by layers on several ranks, or objects the
     model declares tied (`extra`: a copy materialised apart on another stage).
+    Members are kept as (layer index, parameter name) and looked up at each step,
+    so a stage materialised after the pipeline was built (to_empty) is still found.
     """
 
     def __init__(
@@ -38,14 +40,15 @@ class TiedParams:
         pp_axis: str,
         extra: Sequence[tuple[nn.Parameter, nn.Parameter]] = (),
     ):
-        params: dict[int, nn.Parameter] = {}
+        self._layers = layers
+        where: dict[int, list[tuple[int, str]]] = {}  # id(param) -> (layer, name) uses
         ranks: dict[int, set[int]] = {}  # id(param) -> pp ranks whose stages use it
         for s in range(schedule.num_stages):
             for i in partition.layers(s):
-                for p in layers[i].parameters():
-                    params[id(p)] = p
+                for name, p in layers[i].named_parameters():
+                    where.setdefault(id(p), []).append((i, name))
                     ranks.setdefault(id(p), set()).add(schedule.rank_of(s))
-        root = {k: k for k in params}
+        root = {k: k for k in where}
 
         def find(k: int) -> int:
             while root[k] != k:
@@ -56,14 +59,16 @@ class TiedParams:
             if id(a) in root and id(b) in root:
                 root[find(id(a))] = find(id(b))
         members: dict[int, list[int]] = {}
-        for k in params:  # first-seen order: the same on every rank
+        for k in where:  # first-seen order: the same on every rank
             members.setdefault(find(k), []).append(k)
-        self.ties: list[tuple[tuple[int, ...], list[nn.Parameter]]] = []
+        local_layers = {i for s in schedule.stages_of(group.rank) for i in partition.layers(s)}
+        # (ranks holding the tie, its uses in this rank's layers)
+        self.ties: list[tuple[tuple[int, ...], list[tuple[int, str]]]] = []
         for keys in members.values():
             holders = tuple(sorted(set().union(*(ranks[k] for k in keys))))
-            local = [params[k] for k in keys if group.rank in ranks[k]]
-            if len(holders) > 1 or len(local) > 1:
-                self.ties.append((holders, local))
+            uses = [u for k in keys for u in where[k] if u[0] in local_layers]
+            if len(holders) > 1 or len({k for k in keys if group.rank in ranks[k]}) > 1:
+                self.ties.append((holders, uses))
         self.crosses_ranks = any(len(h) > 1 for h, _ in self.ties)
         self._groups: dict[tuple[int, ...], comm.ProcessGroup] = {}
         for holders in dict.fromkeys(h for h, _ in self.ties if len(h) > 1):
@@ -73,11 +78,19 @@ class TiedParams:
             if group.rank in holders:
                 self._groups[holders] = next(g for g in made if g is not None)
 
+    def _local(self, uses: list[tuple[int, str]]) -> list[nn.Parameter]:
+        found: dict[int, nn.Parameter] = {}
+        for i, name in uses:
+            p = self._layers[i].get_parameter(name)
+            found.setdefault(id(p), p)
+        return list(found.values())
+
     def reduce_grads(self) -> None:
         """Gives every copy of a tied parameter the sum of all copies' gradients."""
         sums: list[tuple[torch.Tensor, list[nn.Parameter]]] = []
         by_group: dict[tuple[int, ...], list[torch.Tensor]] = {}
-        for holders, local in self.ties:
+        for holders, uses in self.ties:
+            local = self._local(uses)
             if not local:
                 continue
             grads = [p.grad for p in local if p.grad is not None]

@@ -115,10 +115,14 @@ class Pipeline:
         self.tied = TiedParams(
             layers, self.partition, schedule, self.group, mesh, pp_axis, named_ties(model)
         )
-        device = next((p.device for p in self.module.parameters()), self.world.device)
-        self.channels = Channels(schedule, self.group, device)
+        self.channels = Channels(schedule, self.group, self._device())
         self.executor = Executor(schedule, self.rank, self.stages, self.channels, loss_fn)
         self.last_stats: StepStats | None = None
+
+    def _device(self) -> torch.device:
+        """Where this rank's stages compute (their parameters may be materialised late)."""
+        devices = {p.device for p in self.module.parameters() if p.device.type != "meta"}
+        return devices.pop() if len(devices) == 1 else self.world.device
 
     @property
     def is_first(self) -> bool:
@@ -130,6 +134,7 @@ class Pipeline:
         return self.schedule.last_rank == self.rank
 
     def _split(self, inputs: Any, targets: Any) -> tuple[list | None, list | None, list[float]]:
+        self.channels.set_device(self._device())
         m = self.num_microbatches
         mbs = tgs = None
         sizes: list[int] | None = None
