@@ -1,0 +1,107 @@
+"""Policies: how a model family is sharded in place, and shard_model, which picks one.
+
+A Policy says which linears are column- or row-parallel, which embeddings are
+vocabulary-parallel and how attention heads split. It first validates (every
+size against tp, so a bad tp fails before any module changes and before any
+collective), then shards. Users pass their own Policy for other models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from megalith_comm import ProcessGroup
+
+from ..embedding import VocabParallelEmbedding
+from ..linear import ColumnParallelLinear
+from ..sequence import enter_region, reduce_partial_grads, sequence_parallel_span
+from ..shards import check_divisible
+
+
+@dataclass(frozen=True)
+class ShardContext:
+    """What a policy needs: the tensor-parallel group and the options.
+
+    sequence_parallel: Megatron-style; the decoder blocks run on sequence shards.
+    gather_logits: lm_head all-gathers the vocabulary (any loss works); False keeps
+    vocabulary-parallel logits for vocab_parallel_causal_lm_loss.
+    """
+
+    group: ProcessGroup
+    sequence_parallel: bool = False
+    gather_logits: bool = True
+
+    @property
+    def tp(self) -> int:
+        return self.group.size
+
+
+class Policy:
+    """Shards one family of models in place. Subclass validate() and shard_blocks()."""
+
+    name = "custom"
+
+    def matches(self, model: nn.Module) -> bool:
+        return False
+
+    def validate(self, model: nn.Module, tp: int) -> None:
+        """Raises ValueError naming the numbers when tp does not fit the model."""
+
+    def shard(self, model: nn.Module, ctx: ShardContext) -> None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class TPInfo:
+    """Stored on a sharded model as `model.tp_info`."""
+
+    group: ProcessGroup
+    sequence_parallel: bool
+    gather_logits: bool
+    policy: str
+
+
+class DecoderPolicy(Policy):
+    """A decoder-only LM laid out as transformers lays them out: embedding, blocks,
+    final norm, lm_head. Subclasses name the modules and shard one block."""
+
+    embedding_path = ""
+    blocks_path = ""
+
+    def config_sizes(self, model: nn.Module) -> dict[str, int]:
+        """{what: size} of every size tp must divide (heads, vocabulary, features)."""
+        raise NotImplementedError
+
+    def validate(self, model: nn.Module, tp: int) -> None:
+        for what, size in self.config_sizes(model).items():
+            check_divisible(what, size, tp)
+
+    def shard_block(self, block: nn.Module, model: nn.Module, ctx: ShardContext) -> None:
+        raise NotImplementedError
+
+    def shard(self, model: nn.Module, ctx: ShardContext) -> None:
+        parent_path, _, attr = self.embedding_path.rpartition(".")
+        parent = model.get_submodule(parent_path)
+        old_embedding = getattr(parent, attr)
+        tied = model.lm_head.weight is old_embedding.weight
+        embedding = VocabParallelEmbedding.from_embedding(old_embedding, ctx.group)
+        setattr(parent, attr, embedding)
+        lm_head = ColumnParallelLinear.from_linear(
+            model.lm_head, ctx.group, gather_output=ctx.gather_logits
+        )
+        if tied:
+            lm_head.weight = embedding.weight
+        model.lm_head = lm_head
+        blocks = model.get_submodule(self.blocks_path)
+        for block in blocks:
+            self.shard_block(block, model, ctx)
+        if ctx.sequence_parallel and len(blocks):
+            sequence_parallel_span(blocks[0], blocks[-1], ctx.group)
+            replicated = [p for b in blocks for p in b.parameters() if not hasattr(p, "tp_spec")]
+            reduce_partial_grads(replicated, ctx.group)
+
+    @staticmethod
+    def region(module: nn.Module, ctx: ShardContext) -> None:
+        enter_region(module, ctx.group, ctx.sequence_parallel)

@@ -1,0 +1,83 @@
+"""Llama-shaped decoders: megalith.models.LlamaForCausalLM and transformers'
+LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM (same module names).
+
+Per layer: q_proj column-parallel by heads; k_proj / v_proj column-parallel when
+tp divides the kv heads, else replicated with each rank using its query heads'
+kv head (heads.py); o_proj row-parallel; gate_proj and up_proj column-, down_proj
+row-parallel. embed_tokens is vocabulary-parallel, lm_head column-parallel.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..heads import HeadSplit
+from ..linear import ColumnParallelLinear, HeadRowsLinear, RowParallelLinear
+from .base import DecoderPolicy, ShardContext
+
+HF_NAMES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+def _hf(model: nn.Module) -> bool:
+    cls = type(model)
+    return cls.__name__ in HF_NAMES and cls.__module__.startswith("transformers.")
+
+
+class LlamaPolicy(DecoderPolicy):
+    name = "llama"
+    embedding_path = "model.embed_tokens"
+    blocks_path = "model.layers"
+
+    def matches(self, model: nn.Module) -> bool:
+        from megalith.models import LlamaForCausalLM
+
+        return isinstance(model, LlamaForCausalLM) or _hf(model)
+
+    def heads(self, model: nn.Module) -> tuple[int, int, int]:
+        """(query heads, kv heads, head_dim)."""
+        c = model.config
+        if _hf(model):
+            kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+            head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+            return c.num_attention_heads, kv, head_dim
+        return c.n_heads, c.num_kv_heads, c.head_dim
+
+    def config_sizes(self, model: nn.Module) -> dict[str, int]:
+        c = model.config
+        return {
+            "the vocabulary size": c.vocab_size,
+            "the MLP width (intermediate size)": c.intermediate_size if _hf(model) else c.d_ff,
+        }
+
+    def validate(self, model: nn.Module, tp: int) -> None:
+        n_heads, n_kv, _ = self.heads(model)
+        HeadSplit(n_heads, n_kv, tp, 0)
+        super().validate(model, tp)
+
+    def shard_block(self, block: nn.Module, model: nn.Module, ctx: ShardContext) -> None:
+        n_heads, n_kv, head_dim = self.heads(model)
+        split = HeadSplit(n_heads, n_kv, ctx.tp, ctx.group.rank)
+        attn, g = block.self_attn, ctx.group
+        attn.q_proj = ColumnParallelLinear.from_linear(attn.q_proj, g, input_comm="none")
+        for name in ("k_proj", "v_proj"):
+            old = getattr(attn, name)
+            if split.kv_replicated:
+                new = HeadRowsLinear(old, g, split.kv_rows(head_dim))
+            else:
+                new = ColumnParallelLinear.from_linear(old, g, input_comm="none")
+            setattr(attn, name, new)
+        attn.o_proj = RowParallelLinear.from_linear(
+            attn.o_proj, g, sequence_parallel=ctx.sequence_parallel
+        )
+        if _hf(model):
+            attn.num_key_value_groups = split.local_heads // split.local_kv_heads
+        else:
+            attn.n_heads, attn.n_kv_heads = split.local_heads, split.local_kv_heads
+        self.region(attn, ctx)
+        mlp = block.mlp
+        mlp.gate_proj = ColumnParallelLinear.from_linear(mlp.gate_proj, g, input_comm="none")
+        mlp.up_proj = ColumnParallelLinear.from_linear(mlp.up_proj, g, input_comm="none")
+        mlp.down_proj = RowParallelLinear.from_linear(
+            mlp.down_proj, g, sequence_parallel=ctx.sequence_parallel
+        )
+        self.region(mlp, ctx)

@@ -1,0 +1,39 @@
+"""The full (unsharded) state dict of a tensor-parallel model, under the original names.
+
+Collective over the tensor-parallel group: every rank gets every full tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import megalith_comm as comm
+from megalith_comm import ProcessGroup
+
+from .shards import ShardSpec
+
+
+def gather_full(
+    t: torch.Tensor, group: ProcessGroup, spec: ShardSpec | None = None
+) -> torch.Tensor:
+    """The full tensor of a shard (spec, else t.tp_spec); a copy of t when it has none."""
+    spec = spec or getattr(t, "tp_spec", None)
+    t = t.detach()
+    if spec is None or group.size == 1:
+        return t.clone()
+    out = torch.empty((group.size, *t.shape), dtype=t.dtype, device=t.device)
+    comm.all_gather(out, t.contiguous(), group=group)
+    return spec.join(list(out.unbind(0)))
+
+
+def full_state_dict(model: nn.Module, group: ProcessGroup | None = None) -> dict[str, torch.Tensor]:
+    """model.state_dict() with every shard replaced by the full tensor (tied names kept)."""
+    group = group or model.tp_info.group
+    seen: dict[int, torch.Tensor] = {}
+    out = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) not in seen:
+            seen[id(t)] = gather_full(t, group)
+        out[name] = seen[id(t)]
+    return out

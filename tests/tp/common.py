@@ -1,0 +1,29 @@
+"""What the tensor-parallel test workers share: the mesh per process, comparisons."""
+
+from __future__ import annotations
+
+import torch
+
+import megalith_comm as comm
+
+_MESHES: dict[tuple[int, int], comm.Mesh] = {}
+
+
+def mesh(dp: int, tp: int) -> comm.Mesh:
+    """One Mesh(dp, tp) per process (building one is collective, so every rank asks alike)."""
+    if (dp, tp) not in _MESHES:
+        _MESHES[(dp, tp)] = comm.Mesh(None, dp=dp, tp=tp, name=f"tp_test_{dp}x{tp}")
+    return _MESHES[(dp, tp)]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    if a.shape != b.shape:
+        raise AssertionError(f"shape {tuple(a.shape)} != {tuple(b.shape)}")
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def check(errors: list[str], what: str, a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5):
+    err = rel(a, b)
+    if not err < tol:
+        errors.append(f"{what}: relative error {err:.3g}")
