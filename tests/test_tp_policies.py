@@ -1,0 +1,47 @@
+"""Policies shard megalith's and transformers' GPT-2 and Llama-shaped models in place;
+the sharded model trains exactly as the unsharded one (CPU ranks, tp 2, tp 2 x dp 2,
+tp 4 with replicated kv heads; with and without sequence parallelism).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from megalith.testing import run_grid
+
+from .tp.errors import ErrorCase
+from .tp.models import ModelCase, run_case
+
+
+def cases(world_size: int) -> list[ModelCase]:
+    dp = world_size // 2
+    out: list = [ErrorCase(tp=world_size)]
+    for source in ("megalith", "hf"):
+        for family in ("gpt2", "llama"):
+            out.append(ModelCase(source, family, dp))
+            out.append(ModelCase(source, family, dp, sp=True))
+    out.append(ModelCase("megalith", "gpt2", dp, gather_logits=False))
+    out.append(ModelCase("hf", "llama", dp, sp=True, gather_logits=False))
+    if world_size == 2:
+        out.append(ModelCase("hf", "mistral", 1, sp=True))
+        out.append(ModelCase("hf", "qwen2", 1))
+    if world_size == 4:
+        # kv heads (2) fewer than tp (4): replicated, each rank its query heads' kv head.
+        out.append(ModelCase("megalith", "llama", 1, tp=4, sp=True))
+        out.append(ModelCase("hf", "llama", 1, tp=4))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_policies_match_unsharded(world_size):
+    grid = cases(world_size)
+    results = run_grid(run_case, grid, world_size, timeout=180)
+    failures = [
+        f"{case} rank {rank}: {err}"
+        for case, per_rank in zip(grid, results)
+        for rank, (errs, _) in enumerate(per_rank)
+        for err in errs[:4]
+    ]
+    for case, per_rank in zip(grid, results):
+        print(f"{case}: {max(t for _, t in per_rank):.2f} s")
+    assert not failures, "\n".join(failures)
