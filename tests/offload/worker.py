@@ -56,6 +56,13 @@ def _train(rank: int, case: Case):
         offload=offload_config(case),
     )
     zmodel, zopt = zero.shard(model, opt, config)
+    try:
+        return _run(rank, n, case, zmodel, zopt)
+    finally:
+        zopt.close()  # as a training script would: the swap directory goes now
+
+
+def _run(rank: int, n: int, case: Case, zmodel, zopt) -> dict:
     rows = toy.BATCH // n
     losses = []
     zmodel.memory.reset_peak()
@@ -76,7 +83,7 @@ def _train(rank: int, case: Case):
     tiers = [c.tier for c in zmodel.chunks if c.trainable]
     swap = zopt.offloader.swap.path if zopt.offloader and zopt.offloader.swap else None
     state = zmodel.full_state_dict()
-    zopt.close()
+    zopt.close()  # idempotent
     gone = swap is None or not os.path.exists(swap)
     return {
         "losses": losses,

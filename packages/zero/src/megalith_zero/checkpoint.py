@@ -30,6 +30,7 @@ from .api import ZeroModel
 from .files import StreamedFiles, TensorReader, atomic_json, atomic_save, safe_open
 from .full_state import iter_full_params
 from .layout import Chunk, Slot
+from .offload import with_resident_states
 from .optimizer import ZeroOptimizer
 
 META = "zero_meta.json"
@@ -66,6 +67,7 @@ def _layout_meta(zmodel: ZeroModel, zopt: ZeroOptimizer) -> dict[str, Any]:
     }
 
 
+@with_resident_states
 def save_sharded(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike) -> None:
     """Every rank of the group writes its shards; collective."""
     path = Path(path)
@@ -131,6 +133,7 @@ class _OldShards:
             out[a - start : b - start].copy_(src[lo : lo + (b - a)])
 
 
+@with_resident_states
 def load_sharded(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike) -> None:
     """Loads a checkpoint written by save_sharded at any world size; collective."""
     path = Path(path)
@@ -224,6 +227,7 @@ def save_full(
     comm.barrier(group=zmodel.group)
 
 
+@with_resident_states
 def load_full(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike) -> None:
     """Loads parameters from save_full's files (or any safetensors checkpoint with an
     index, e.g. transformers'); optimizer states start fresh. Each rank reads only the

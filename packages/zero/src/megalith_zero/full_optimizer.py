@@ -24,6 +24,7 @@ import megalith_comm as comm
 
 from .api import ZeroModel
 from .files import StreamedFiles, TensorReader, atomic_json
+from .offload import with_resident_states
 from .optimizer import ZeroOptimizer
 
 FORMAT = 1
@@ -34,6 +35,7 @@ def hyperparameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in g.items() if k != "params"} for g in groups]
 
 
+@with_resident_states
 def save_full_optimizer(
     zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike, max_shard_bytes: int = 5 << 30
 ) -> None:
@@ -91,6 +93,7 @@ def read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
+@with_resident_states
 def load_full_optimizer(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike) -> None:
     """Each rank reads the slices of every state its shards hold; collective."""
     path = Path(path)

@@ -8,8 +8,9 @@ ZeroConfig that asks for offloading needs it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+import functools
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -90,14 +91,14 @@ def swapped_states(
 
 
 @contextlib.contextmanager
-def resident_states(
-    chunks: list[FlatChunk], names_of: dict[int, tuple[str, ...]]
-) -> Iterator[None]:
+def resident_states(zopt: Any) -> Iterator[None]:
     """Inside: every NVMe chunk's states are plain host tensors in `chunk.states` (for
     checkpoints, which read and write them directly); written back on a clean exit."""
-    swapped = [c for c in chunks if c.tier == "nvme" and c.trainable and names_of[c.spec.group]]
+    groups = zopt.optimizer.param_groups
+    swapped = [c for c in zopt.chunks if c.tier == "nvme"]
+    swapped = [c for c in swapped if zopt.rule.state_names(groups[c.spec.group])]
     for c in swapped:
-        names = names_of[c.spec.group]
+        names = zopt.rule.state_names(groups[c.spec.group])
         c.ensure_states(names)
         c.states = {n: torch.empty(c.spec.shard_numel, dtype=torch.float32) for n in names}
         c.swap.load(c.spec.index, c.states)
@@ -108,3 +109,17 @@ def resident_states(
     finally:
         for c in swapped:
             c.states = {}
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def with_resident_states(fn: F) -> F:
+    """For fn(zmodel, zopt, ...): NVMe-swapped optimizer states are in memory inside."""
+
+    @functools.wraps(fn)
+    def wrapper(zmodel: Any, zopt: Any, *args: Any, **kwargs: Any) -> Any:
+        with resident_states(zopt):
+            return fn(zmodel, zopt, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,110 @@
+"""megalith_offload on its own: config validation, static placement, the host tier's
+accounting and the NVMe store's overlapped round trips (no process group needed)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from megalith_offload import ChunkCost, HostTier, OffloadConfig, SwapStore, file_bytes, plan
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tier": "gpu"}, "tier='gpu'; expected 'host' or 'nvme'"),
+        ({"optim_frac": 1.5}, "optim_frac=1.5; expected 0 <= optim_frac <= 1"),
+        ({"optim_frac": -0.1}, "optim_frac=-0.1"),
+        ({"device_budget_bytes": -1}, "device_budget_bytes=-1; expected None or an int >= 0"),
+        ({"host_budget_bytes": 1.5}, "host_budget_bytes=1.5"),
+        ({"io_threads": 0}, "io_threads=0; expected >= 1"),
+        ({"run_name": "a/b"}, "run_name='a/b'"),
+    ],
+)
+def test_config_names_the_bad_number(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        OffloadConfig(**kwargs)
+
+
+def costs(n: int, each: int = 1000) -> list[ChunkCost]:
+    return [ChunkCost(device=3 * each, master=each, states=2 * each, swap=8192) for _ in range(n)]
+
+
+def test_fractions_and_device_budget():
+    assert plan(costs(4), OffloadConfig(optim_frac=0.0)).tiers == ("device",) * 4
+    assert plan(costs(4), OffloadConfig(optim_frac=0.5)).tiers == (
+        "host",
+        "host",
+        "device",
+        "device",
+    )
+    assert plan(costs(3), OffloadConfig(optim_frac=0.5)).tiers == ("host", "host", "device")
+    p = plan(costs(4), OffloadConfig(optim_frac=0.0, device_budget_bytes=6500))
+    assert p.tiers == ("device", "device", "host", "host") and p.device_bytes == 6000
+    assert p.host_bytes == 2 * 3000
+    nv = plan(costs(4), OffloadConfig(tier="nvme"))
+    assert nv.tiers == ("nvme",) * 4 and nv.slots == 2 and nv.nvme_bytes == 4 * 8192
+    assert nv.host_bytes == 4 * 1000 + 2 * 8192
+
+
+def test_host_budget_too_small_gives_the_numbers():
+    with pytest.raises(
+        ValueError, match=r"host_budget_bytes=2999 is too small for even one chunk: .* 3000 bytes"
+    ):
+        plan(costs(4), OffloadConfig(host_budget_bytes=2999))
+    with pytest.raises(
+        ValueError, match=r"host_budget_bytes=5000, but the 4 offloaded chunks need 12000 bytes"
+    ):
+        plan(costs(4), OffloadConfig(host_budget_bytes=5000))
+    with pytest.raises(
+        ValueError,
+        match=r"masters take 4000 bytes and one NVMe staging buffer .* 8192 bytes, 12192",
+    ):
+        plan(costs(4), OffloadConfig(tier="nvme", host_budget_bytes=12000))
+    one = plan(costs(4), OffloadConfig(tier="nvme", host_budget_bytes=13000))
+    assert one.slots == 1 and one.host_bytes == 12192  # room for one buffer: no overlap
+
+
+def test_host_tier_accounting_and_limit():
+    host = HostTier(limit_bytes=64 * 1024, pinned=False, kinds=("master",))
+    a = host.zeros("master", 1000)
+    b = host.empty("optim_states", 3000)
+    assert a.data_ptr() % 4096 == 0 and b.data_ptr() % 4096 == 0 and not a.any()
+    assert host.report() == {"master": (4000, 4000), "optim_states": (12000, 12000)}
+    del b
+    assert host.report()["optim_states"] == (0, 12000)
+    with pytest.raises(MemoryError, match="host budget 65536 bytes, 4000 in use"):
+        host.empty("optim_states", 20000)
+
+
+def test_swap_store_round_trip_overlapped(tmp_path, gen):
+    host = HostTier(pinned=False)
+    cfg = OffloadConfig(tier="nvme", swap_dir=str(tmp_path), run_name="unit")
+    sizes = {0: 1000, 1: 1, 2: 4097, 3: 777}
+    slot = max(file_bytes(n, 2) for n in sizes.values())
+    store = SwapStore(cfg, rank=3, host=host, slots=2, slot_bytes=slot)
+    assert Path(store.path).parent == tmp_path and "unit-rank3" in Path(store.path).name
+    for k, n in sizes.items():
+        store.ensure(k, ("exp_avg", "exp_avg_sq"), n)
+    expected = {}
+    for step in range(3):  # each pass reads what the last one wrote
+        for k, states in store.stream(list(sizes)):
+            for name, t in states.items():
+                if step == 0:
+                    assert not t.any()  # fresh states are zeros
+                else:
+                    assert torch.equal(t, expected[k, name])
+                t.copy_(torch.randn(t.numel(), generator=gen))
+                expected[k, name] = t.clone()
+    out = {n: torch.empty(sizes[2]) for n in ("exp_avg", "exp_avg_sq")}
+    store.load(2, out)
+    assert torch.equal(out["exp_avg_sq"], expected[2, "exp_avg_sq"])
+    assert store.report()["optim_states@nvme"][0] == sum(file_bytes(n, 2) for n in sizes.values())
+    assert host.report()["swap_staging"][0] == 2 * slot
+    with pytest.raises(ValueError, match="has states"):
+        store.ensure(0, ("exp_avg",), 1000)
+    store.close()
+    assert not os.path.exists(store.path)
