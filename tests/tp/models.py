@@ -19,7 +19,7 @@ from torch import nn
 import megalith_comm as comm
 from megalith.tensor_parallel import gather_full, shard_model, vocab_parallel_causal_lm_loss
 
-from .common import check, mesh
+from .common import check, exact_entries, mesh
 
 VOCAB, SEQ = 64, 8
 
@@ -130,21 +130,6 @@ def run(rank: int, case: ModelCase) -> tuple[list[str], float]:
     ref_params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
         full, want = gather_full(p, tp_group), ref_params[name].detach()
-        keep = _exact(name, want)
+        keep = exact_entries(name, want)
         check(errors, f"weight {name}", full[keep], want[keep])
     return errors, time.perf_counter() - start
-
-
-def _exact(name: str, t: torch.Tensor) -> slice | torch.Tensor:
-    """The entries whose gradient is not rounding noise.
-
-    A key bias adds the same q . b_k to every score of a row, which softmax ignores:
-    its exact gradient is zero, and AdamW turns the ~1e-9 noise into lr-sized steps
-    that differ between any two summation orders.
-    """
-    if name.endswith("c_attn.bias"):
-        d = t.shape[0] // 3
-        return torch.cat((torch.arange(d), torch.arange(2 * d, 3 * d)))
-    if name.endswith("k_proj.bias"):
-        return torch.arange(0)
-    return slice(None)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from .base import Plugin
+from .hybrid import HybridParallelPlugin
 from .torch_ddp import TorchDDPPlugin
 from .zero import GeminiPlugin, LowLevelZeroPlugin
 
@@ -29,6 +30,7 @@ def plugin_from_name(name: str, precision: str | None = None) -> Plugin:
 __all__ = [
     "NAMES",
     "GeminiPlugin",
+    "HybridParallelPlugin",
     "LowLevelZeroPlugin",
     "Plugin",
     "TorchDDPPlugin",

@@ -1,0 +1,265 @@
+"""HybridParallelPlugin: tensor (and sequence) parallelism composed with data parallelism.
+
+ColossalAI's argument names where they mean the same. What runs today: tp_size
+any divisor of the world size, pp_size=1, zero_stage 0 or 1, precision fp32 or
+bf16, enable_sequence_parallelism with sequence_parallelism_mode="split_gather",
+custom_policy. Other values fail at construction with what is missing.
+
+Composition (one place, fixed order):
+  1. validate: tp against the world size and, through the policy, against the
+     model's heads / vocabulary / widths, on every rank before any collective;
+  2. Mesh(dp=world/tp, tp=tp): tp fastest, so a tensor-parallel group is adjacent
+     ranks (on one host, where its per-layer collectives are cheapest);
+  3. shard the model in place (megalith.tensor_parallel.shard_model), then make
+     every dp replica start equal (broadcast from dp rank 0);
+  4. data parallel over the dp axis: zero_stage 0 averages gradients after
+     backward; zero_stage 1 hands the sharded model to megalith_zero over the
+     dp axis of the same mesh (optimizer states sharded, gradients all-reduced).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ..wrappers import ModelWrapper, OptimizerWrapper
+from .base import Plugin, check_precision, require, world
+
+_DTYPE = {"bf16": torch.bfloat16}
+
+
+class HybridModel(ModelWrapper):
+    def __init__(self, module: torch.nn.Module, precision: str, mesh: Any) -> None:
+        super().__init__(module)
+        self.precision = precision
+        self.mesh = mesh
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.precision == "fp32":
+            return self.module(*args, **kwargs)
+        device = next(self.module.parameters()).device.type
+        with torch.autocast(device_type=device, dtype=_DTYPE[self.precision]):
+            return self.module(*args, **kwargs)
+
+
+def tp_grad_norm(params: list[torch.nn.Parameter], tp_group: Any) -> float:
+    """The L2 norm of the whole (unsharded) model's gradient: shards summed over the
+    tensor-parallel group, replicated parameters counted once."""
+    import megalith_comm as comm
+
+    sharded = torch.zeros((), dtype=torch.float64)
+    replicated = torch.zeros((), dtype=torch.float64)
+    for p in params:
+        if p.grad is None:
+            continue
+        sq = p.grad.detach().double().pow(2).sum().cpu()
+        if hasattr(p, "tp_spec"):
+            sharded += sq
+        else:
+            replicated += sq
+    comm.all_reduce(sharded, group=tp_group)
+    return math.sqrt(float(sharded + replicated))
+
+
+class HybridOptimizer(OptimizerWrapper):
+    """zero_stage 0: backward, then the dp all-reduce (skipped inside no_sync)."""
+
+    def __init__(self, optim: torch.optim.Optimizer, model: HybridModel, max_norm: float):
+        super().__init__(optim)
+        self.model = model
+        self.max_norm = max_norm
+        self._sync = True
+        self._clipped = False
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for g in self.optim.param_groups for p in g["params"]]
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        import megalith_comm as comm
+
+        loss.backward(*args, **kwargs)
+        dp = self.model.mesh.group("dp")
+        if self._sync and dp.size > 1:
+            grads = [p.grad for p in self._params() if p.grad is not None]
+            comm.all_reduce_coalesced(grads, op="avg", group=dp)
+
+    def clip_grad_by_norm(self, max_norm: float, norm_type: float = 2.0) -> float:
+        if norm_type != 2.0:
+            raise ValueError(f"HybridParallelPlugin clips by the L2 norm only, not {norm_type}")
+        self._clipped = True
+        params = self._params()
+        norm = tp_grad_norm(params, self.model.mesh.group("tp"))
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+        return norm
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        if self.max_norm > 0 and not self._clipped:
+            self.clip_grad_by_norm(self.max_norm)
+        self._clipped = False
+        return self.optim.step(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradients accumulate locally; the next backward outside averages the sum."""
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = True
+
+
+class HybridParallelPlugin(Plugin):
+    def __init__(
+        self,
+        tp_size: int,
+        pp_size: int = 1,
+        precision: str = "fp32",
+        zero_stage: int = 0,
+        enable_sequence_parallelism: bool = False,
+        sequence_parallelism_mode: str | None = None,
+        sp_size: int | None = None,
+        custom_policy: Any = None,
+        max_norm: float = 0.0,
+        num_microbatches: int | None = None,
+        microbatch_size: int | None = None,
+        enable_all_optimization: bool = False,
+        **unsupported: Any,
+    ) -> None:
+        super().__init__()
+        if not isinstance(tp_size, int) or tp_size < 1:
+            raise ValueError(f"HybridParallelPlugin: tp_size must be an int >= 1, got {tp_size!r}")
+        if pp_size != 1 or num_microbatches or microbatch_size:
+            raise NotImplementedError(
+                f"HybridParallelPlugin: pp_size={pp_size}; pipeline parallelism inside this "
+                "plugin is not built yet (pp_size=1 only). megalith_pipeline runs pipelines "
+                "on its own meanwhile"
+            )
+        if zero_stage not in (0, 1):
+            raise ValueError(
+                f"HybridParallelPlugin: zero_stage={zero_stage}; 0 or 1 for now (stage 2 with "
+                "tensor parallelism is not built yet)"
+            )
+        if enable_sequence_parallelism:
+            mode = sequence_parallelism_mode or "split_gather"
+            if mode != "split_gather":
+                raise NotImplementedError(
+                    f"HybridParallelPlugin: sequence_parallelism_mode={mode!r}; only "
+                    "'split_gather' (Megatron style, over the tp group) is built"
+                )
+        if sp_size not in (None, 1) and sp_size != tp_size:
+            raise NotImplementedError(
+                f"HybridParallelPlugin: sp_size={sp_size}; split_gather runs over the tp group, "
+                "a separate sequence axis (all_to_all) is not built yet"
+            )
+        if unsupported:
+            raise NotImplementedError(
+                f"HybridParallelPlugin: {sorted(unsupported)} not supported yet"
+            )
+        self.tp_size, self.zero_stage = tp_size, zero_stage
+        self.sequence_parallel = bool(enable_sequence_parallelism)
+        self.custom_policy = custom_policy
+        self.max_norm = max_norm
+        self.set_precision(precision)
+        self.mesh: Any = None
+
+    def set_precision(self, precision: str | None) -> None:
+        p = check_precision("HybridParallelPlugin", precision)
+        if p == "fp16" and self.tp_size > 1:
+            raise NotImplementedError(
+                "HybridParallelPlugin: fp16 with tp_size > 1 is not built yet (the loss "
+                "scaler's overflow check must span the tp group); use precision='bf16'"
+            )
+        self.precision = p
+
+    def supported_precisions(self) -> tuple[str, ...]:
+        return ("fp32", "bf16")
+
+    def _dp(self) -> int:
+        w = world()
+        if w.world_size % self.tp_size:
+            raise ValueError(
+                f"HybridParallelPlugin: world size {w.world_size} is not divisible by "
+                f"tp_size {self.tp_size}; dp = world size / tp_size must be whole"
+            )
+        return w.world_size // self.tp_size
+
+    @property
+    def dp_rank_size(self) -> tuple[int, int]:
+        dp = self._dp()
+        return world().rank // self.tp_size, dp  # mesh order (dp, tp): tp fastest
+
+    def configure(self, model, optimizer, criterion, dataloader, lr_scheduler):
+        import megalith_comm as comm
+        from megalith.tensor_parallel import policy_for, shard_model
+
+        w = world()
+        dp = self._dp()
+        policy = self.custom_policy or policy_for(model)
+        policy.validate(model, self.tp_size)  # before the mesh's collectives
+        if optimizer is not None and any(optimizer.state.values()):
+            raise ValueError(
+                "HybridParallelPlugin: boost() wants an optimizer that has not stepped"
+            )
+        model = model.to(w.device)
+        before = {id(p): name for name, p in model.named_parameters()}
+        self.mesh = comm.Mesh(w, dp=dp, tp=self.tp_size, name="hybrid")
+        shard_model(
+            model, self.mesh.group("tp"), sequence_parallel=self.sequence_parallel, policy=policy
+        )
+        _replace_params(optimizer, model, before)
+        dp_group = self.mesh.group("dp")
+        with torch.no_grad():
+            for p in model.parameters():
+                comm.broadcast(p.data, src=dp_group.global_rank(0), group=dp_group)
+        if self.zero_stage == 1:
+            return self._zero(model, optimizer, criterion, dataloader, lr_scheduler)
+        wrapped = HybridModel(model, self.precision, self.mesh)
+        opt = HybridOptimizer(optimizer, wrapped, self.max_norm) if optimizer else None
+        return wrapped, opt, criterion, dataloader, lr_scheduler
+
+    def _zero(self, model, optimizer, criterion, dataloader, lr_scheduler):
+        zero = require("megalith_zero", "megalith-zero", "HybridParallelPlugin(zero_stage=1)")
+        from .zero import ZeroModelWrapper, ZeroOptimizerWrapper
+
+        if optimizer is None:
+            raise ValueError("HybridParallelPlugin(zero_stage=1): boost() needs the optimizer")
+        if self.max_norm > 0 and self.tp_size > 1:
+            raise NotImplementedError(
+                "HybridParallelPlugin: max_norm with zero_stage=1 and tp_size > 1 is not built "
+                "yet (megalith_zero's norm does not know about tp shards); use zero_stage=0"
+            )
+        config = zero.ZeroConfig(stage=1, precision=self.precision)
+        zmodel, zopt = zero.shard(model, optimizer, config, mesh=self.mesh, axis="dp")
+        return (
+            ZeroModelWrapper(zmodel),
+            ZeroOptimizerWrapper(zopt, self.max_norm),
+            criterion,
+            dataloader,
+            lr_scheduler,
+        )
+
+    def no_sync(self, model: Any, optimizer: Any) -> contextlib.AbstractContextManager:
+        if optimizer is None:
+            raise ValueError("HybridParallelPlugin: no_sync needs the boosted optimizer")
+        return optimizer.no_sync()
+
+
+def _replace_params(optimizer: Any, model: torch.nn.Module, before: dict[int, str]) -> None:
+    """Points the optimizer at the sharded parameters.
+
+    Sharding replaces Parameters (a shard is a new tensor), so the optimizer built on
+    the full model is re-pointed, each parameter by its name, which sharding keeps.
+    """
+    if optimizer is None:
+        return
+    after = dict(model.named_parameters())
+    for group in optimizer.param_groups:
+        group["params"] = [after[before[id(p)]] if id(p) in before else p for p in group["params"]]

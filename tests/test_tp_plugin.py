@@ -1,0 +1,52 @@
+"""HybridParallelPlugin (tp 2 x dp 2) trains as the unsharded model: zero_stage 0 and 1,
+sequence parallelism, clipping, gradient accumulation under no_sync; bad settings fail
+at construction."""
+
+from __future__ import annotations
+
+import pytest
+
+from megalith.booster.plugin import HybridParallelPlugin
+from megalith.testing import run_grid
+
+from .tp.models import run_case
+from .tp.plugin import PluginCase
+
+CASES = [
+    PluginCase(),
+    PluginCase(sp=True, max_norm=0.05),
+    PluginCase(family="gpt2", sp=True, accumulate=2),
+    PluginCase(zero_stage=1),
+    PluginCase(zero_stage=1, sp=True),
+]
+
+
+def test_hybrid_plugin_matches_unsharded():
+    results = run_grid(run_case, CASES, 4, timeout=180)
+    failures = [
+        f"{case} rank {rank}: {err}"
+        for case, per_rank in zip(CASES, results)
+        for rank, (errs, _) in enumerate(per_rank)
+        for err in errs[:4]
+    ]
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        (dict(tp_size=2, pp_size=2), "pp_size=2"),
+        (dict(tp_size=2, zero_stage=2), "zero_stage=2"),
+        (
+            dict(
+                tp_size=2, enable_sequence_parallelism=True, sequence_parallelism_mode="all_to_all"
+            ),
+            "all_to_all",
+        ),
+        (dict(tp_size=2, precision="fp16"), "fp16"),
+        (dict(tp_size=0), "tp_size"),
+    ],
+)
+def test_unsupported_settings_name_themselves(kwargs, needle):
+    with pytest.raises((ValueError, NotImplementedError), match=needle):
+        HybridParallelPlugin(**kwargs)
