@@ -21,11 +21,16 @@ ROOT = Path(__file__).resolve().parents[1]
         (lambda: Booster(plugin=42), TypeError, "plugin must be a megalith Plugin or a name"),
         (lambda: LowLevelZeroPlugin(stage=3), ValueError, "stage 3 is GeminiPlugin"),
         (
-            lambda: LowLevelZeroPlugin(cpu_offload=True),
+            lambda: GeminiPlugin(placement_policy="auto"),
             NotImplementedError,
-            "use cpu_offload=False",
+            "use placement_policy='static' with offload_optim_frac",
         ),
-        (lambda: GeminiPlugin(offload_optim_frac=0.5), NotImplementedError, "megalith-offload"),
+        (
+            lambda: GeminiPlugin(offload_param_frac=0.5),
+            NotImplementedError,
+            "offload_param_frac=0.5",
+        ),
+        (lambda: GeminiPlugin(offload_optim_frac=1.5), ValueError, "optim_frac=1.5; expected 0 <="),
         (lambda: GeminiPlugin(shard_param_frac=0.5), NotImplementedError, "use 1.0"),
         (
             lambda: LowLevelZeroPlugin(precision="fp8"),

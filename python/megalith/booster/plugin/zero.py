@@ -69,6 +69,13 @@ class _ZeroPlugin(Plugin):
         self._chunk_bytes = chunk_bytes
         self._reduce_dtype = reduce_dtype
         self._overlap = overlap
+        self._offload: Any = None  # a megalith_offload.OffloadConfig, or None
+
+    def set_offload(self, **kwargs: Any) -> None:
+        """Offloads optimizer states: kwargs of megalith_offload.OffloadConfig (tier,
+        optim_frac, swap_dir, ...), validated now so bad numbers fail here."""
+        mo = require("megalith_offload", "megalith-offload", type(self).__name__ + " offloading")
+        self._offload = mo.OffloadConfig(**kwargs)
 
     def set_precision(self, precision: str | None) -> None:
         if precision is not None:
@@ -83,6 +90,7 @@ class _ZeroPlugin(Plugin):
             chunk_bytes=self._chunk_bytes,
             loss_scale=zero.LossScaleConfig(**self._loss_scale),
             overlap=self._overlap,
+            offload=self._offload,
         )
 
     def configure(self, model, optimizer, criterion, dataloader, lr_scheduler):
@@ -125,7 +133,9 @@ def _scale_args(
 
 
 class LowLevelZeroPlugin(_ZeroPlugin):
-    """ZeRO stage 1 or 2 (ColossalAI's arguments). cpu_offload arrives with megalith-offload."""
+    """ZeRO stage 1 or 2 (ColossalAI's arguments). cpu_offload=True keeps every fp32
+    master and optimizer state in host memory (megalith-offload), stepped there by the
+    engine's CPU kernel."""
 
     def __init__(
         self,
@@ -150,11 +160,6 @@ class LowLevelZeroPlugin(_ZeroPlugin):
             raise ValueError(
                 f"LowLevelZeroPlugin: stage={stage}; expected 1 or 2 (stage 3 is GeminiPlugin)"
             )
-        if cpu_offload:
-            raise NotImplementedError(
-                "LowLevelZeroPlugin(cpu_offload=True): CPU offload arrives with megalith-offload, which is not "
-                "implemented yet; use cpu_offload=False (or GeminiPlugin for stage 3)"
-            )
         self.stage = stage
         self._setup(
             precision,
@@ -172,11 +177,14 @@ class LowLevelZeroPlugin(_ZeroPlugin):
             communication_dtype,
             overlap_communication,
         )
+        if cpu_offload:
+            self.set_offload(tier="host", optim_frac=1.0)
 
 
 class GeminiPlugin(_ZeroPlugin):
-    """ZeRO stage 3 over chunks (ColossalAI's arguments). Placement on the host or NVMe
-    (offload fractions, placement_policy="auto") arrives with megalith-offload."""
+    """ZeRO stage 3 over chunks (ColossalAI's arguments). offload_optim_frac keeps that
+    fraction of the chunks' fp32 masters and optimizer states in host memory
+    (megalith-offload). placement_policy="auto" and offload_param_frac are not there yet."""
 
     stage = 3
 
@@ -205,11 +213,17 @@ class GeminiPlugin(_ZeroPlugin):
             raise ValueError(
                 f"GeminiPlugin: placement_policy={placement_policy!r}; expected 'static' or 'auto'"
             )
-        if placement_policy == "auto" or offload_optim_frac or offload_param_frac:
+        if placement_policy == "auto":
             raise NotImplementedError(
-                "GeminiPlugin: offloading (placement_policy='auto', offload_optim_frac, offload_param_frac) "
-                "arrives with megalith-offload, which is not implemented yet; use placement_policy='static' "
-                "with both fractions 0.0"
+                "GeminiPlugin: placement_policy='auto' (placement from a warm-up memory trace) is not "
+                "implemented in megalith-offload yet; use placement_policy='static' with "
+                "offload_optim_frac (0.0 to 1.0) to put that fraction of optimizer states on the host"
+            )
+        if offload_param_frac:
+            raise NotImplementedError(
+                f"GeminiPlugin: offload_param_frac={offload_param_frac}; parameter offloading is not "
+                "implemented in megalith-offload yet (optimizer states are: offload_optim_frac); "
+                "use offload_param_frac=0.0"
             )
         if shard_param_frac != 1.0:
             raise NotImplementedError(
@@ -233,3 +247,5 @@ class GeminiPlugin(_ZeroPlugin):
             None,
             True,
         )
+        if offload_optim_frac:
+            self.set_offload(tier="host", optim_frac=offload_optim_frac)
