@@ -9,7 +9,9 @@ import pytest
 
 from megalith.testing import run_grid
 
+from .tp.custom import CustomCase
 from .tp.errors import ErrorCase
+from .tp.meta import MetaCase
 from .tp.models import ModelCase, run_case
 
 
@@ -23,6 +25,8 @@ def cases(world_size: int) -> list[ModelCase]:
     out.append(ModelCase("megalith", "gpt2", dp, gather_logits=False))
     out.append(ModelCase("hf", "llama", dp, sp=True, gather_logits=False))
     if world_size == 2:
+        out.append(CustomCase())
+        out += [MetaCase("gpt2"), MetaCase("llama")]
         out.append(ModelCase("hf", "mistral", 1, sp=True))
         out.append(ModelCase("hf", "qwen2", 1))
     if world_size == 4:

@@ -8,6 +8,7 @@ Layers (communication written once, in regions.py, as autograd Functions):
 Models:
     mesh = megalith_comm.Mesh(world, dp=2, tp=2)
     shard_model(model, mesh.group("tp"), sequence_parallel=True)   # in place
+    materialize_sharded(model, device, seed)  # after sharding a meta model
     full_state_dict(model)   # the unsharded weights, transformers' names
 
 Supported models: see policies.SUPPORTED; a Policy subclass covers others.
@@ -17,6 +18,7 @@ from .cross_entropy import vocab_parallel_causal_lm_loss, vocab_parallel_cross_e
 from .embedding import VocabParallelEmbedding
 from .heads import HeadSplit
 from .linear import ColumnParallelLinear, HeadRowsLinear, RowParallelLinear
+from .materialize import materialize_sharded
 from .policies import (
     SUPPORTED,
     DecoderPolicy,
@@ -56,6 +58,7 @@ __all__ = [
     "full_state_dict",
     "gather_from_region",
     "gather_full",
+    "materialize_sharded",
     "policy_for",
     "reduce_from_region",
     "scatter_to_region",

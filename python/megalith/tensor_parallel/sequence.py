@@ -66,12 +66,20 @@ def _split_checked(h: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
 
 
 def reduce_partial_grads(params: Iterable[nn.Parameter], group: ProcessGroup) -> None:
+    for p in params:
+        if p.requires_grad and not getattr(p, "tp_grad_reduced", False):
+            add_grad_all_reduce(p, group)
+            p.tp_grad_reduced = True
+
+
+def add_grad_all_reduce(p: nn.Parameter, group: ProcessGroup) -> None:
+    """A hook that all-reduces p's gradient over group (p.tp_grad_hook_group remembers
+    it, so materialize_sharded can give a replacement parameter the same hook)."""
+
     def hook(grad: torch.Tensor) -> torch.Tensor:
         out = grad.contiguous().clone()
         comm.all_reduce(out, group=group)
         return out
 
-    for p in params:
-        if p.requires_grad and not getattr(p, "tp_grad_reduced", False):
-            p.register_hook(hook)
-            p.tp_grad_reduced = True
+    p.register_hook(hook)
+    p.tp_grad_hook_group = group

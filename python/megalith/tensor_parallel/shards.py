@@ -28,6 +28,11 @@ class ShardSpec:
     dim: int
     parts: tuple[int, ...]  # full sizes along dim, in order; each divisible by tp
 
+    def full_shape(self, local: torch.Size | tuple[int, ...]) -> tuple[int, ...]:
+        shape = list(local)
+        shape[self.dim] = sum(self.parts)
+        return tuple(shape)
+
     def take(self, full: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
         """This rank's shard of a full tensor (a copy)."""
         pieces, offset = [], 0
