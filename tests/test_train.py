@@ -170,7 +170,7 @@ def test_kill_during_save_resumes_from_last_complete(tmp_path):
 @pytest.mark.parametrize(
     ("words", "message"),
     [
-        (["--offload", "cpu"], "arrives with megalith-offload"),
+        (["--offload", "cpu", "--swap-dir", "/tmp"], "--swap-dir /tmp is for --offload nvme"),
         (["--steps", "0"], "--steps 0; expected >= 1"),
         (["--plugin", "zero9"], "invalid choice: 'zero9'"),
         (["--data", "/nonexistent/corpus.txt"], "no such file or directory"),

@@ -23,9 +23,17 @@ from .progress import Metrics, Progress, human_bytes
 def _check(args: argparse.Namespace, world_size: int) -> None:
     """Every rank fails here, before any collective, on options that cannot work."""
     if args.offload != "none":
+        try:
+            import megalith_offload  # noqa: F401
+        except ImportError:
+            raise SystemExit(
+                f"megalith train: --offload {args.offload} needs megalith-offload: "
+                "pip install megalith-offload"
+            ) from None
+    if args.swap_dir is not None and args.offload != "nvme":
         raise SystemExit(
-            f"megalith train: --offload {args.offload} arrives with megalith-offload (not implemented yet); "
-            "use --offload none"
+            f"megalith train: --swap-dir {args.swap_dir} is for --offload nvme "
+            f"(got --offload {args.offload})"
         )
     for name in ("steps", "batch_size", "seq_len", "eval_batches", "save_every", "eval_every"):
         if getattr(args, name) < 1:
@@ -93,8 +101,10 @@ def _train(args: argparse.Namespace) -> int:
 
     world = comm.init() if not comm.is_initialized() else comm.get_world()
     torch.manual_seed(args.seed)
-    rank, size = world.rank, world.world_size
+    size = world.world_size
     _check(args, size)
+    if args.offload != "none" and args.plugin == "ddp":
+        args.plugin = "zero2"  # offloading shards the optimizer states: ZeRO-2 is the nearest
     torch.set_num_threads(
         max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", size)))
     )
@@ -118,8 +128,49 @@ def _train(args: argparse.Namespace) -> int:
     n_params = models.num_parameters(model)
     optimizer = HybridAdam(_param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(args))
-    booster = Booster(plugin=args.plugin, mixed_precision=precision)
+    plugin = _plugin(args, precision, run_dir, name) if args.offload != "none" else args.plugin
+    booster = Booster(plugin=plugin, mixed_precision=precision)
     model, optimizer, _, _, scheduler = booster.boost(model, optimizer, lr_scheduler=scheduler)
+    try:
+        return _loop(args, booster, model, optimizer, scheduler, data, run_dir, n_params, precision)
+    finally:
+        close = getattr(getattr(optimizer, "optim", None), "close", None)
+        if close is not None:  # removes an NVMe swap directory now, not at exit
+            close()
+
+
+def _plugin(args: argparse.Namespace, precision: str, run_dir: Path, name: str) -> Any:
+    """The ZeRO plugin named by --plugin, with optimizer states offloaded."""
+    from megalith.booster import GeminiPlugin, LowLevelZeroPlugin
+
+    if args.plugin == "gemini":
+        plugin = GeminiPlugin(precision=precision)
+    else:
+        plugin = LowLevelZeroPlugin(stage=1 if args.plugin == "zero1" else 2, precision=precision)
+    if args.offload == "cpu":
+        plugin.set_offload(tier="host")
+    else:
+        plugin.set_offload(
+            tier="nvme",
+            swap_dir=str(args.swap_dir or run_dir / "swap"),
+            run_name="".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name),
+        )
+    return plugin
+
+
+def _loop(
+    args: argparse.Namespace,
+    booster: Any,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    data: text.Corpus,
+    run_dir: Path,
+    n_params: int,
+    precision: str,
+) -> int:
+    world = comm.get_world()
+    rank, size, device = world.rank, world.world_size, world.device
 
     start = 0
     if args.resume:
@@ -136,7 +187,9 @@ def _train(args: argparse.Namespace) -> int:
     if rank == 0:
         print(
             f"megalith train: {args.model} ({n_params / 1e6:.2f} M params) on {size} {device.type} rank(s), "
-            f"plugin {args.plugin}, {precision}; {data.name}: {len(data.train) / 1e6:.2f} MB train, "
+            f"plugin {args.plugin}"
+            + (f" (offload {args.offload})" if args.offload != "none" else "")
+            + f", {precision}; {data.name}: {len(data.train) / 1e6:.2f} MB train, "
             f"unigram baseline {data.unigram_nats:.3f} nats"
             + (f"; resumed at step {start}" if start else ""),
             flush=True,

@@ -13,7 +13,13 @@ def add_options(p: argparse.ArgumentParser) -> None:
         "--offload",
         default="none",
         choices=("none", "cpu", "nvme"),
-        help="where optimizer states live (cpu/nvme arrive with megalith-offload)",
+        help="where optimizer states and fp32 masters live: cpu (host memory) or nvme "
+        "(files under --swap-dir); needs megalith-offload, runs ddp as zero2 (default: none)",
+    )
+    p.add_argument(
+        "--swap-dir",
+        default=None,
+        help="with --offload nvme: where the per-run swap directory goes (default: <run dir>/swap)",
     )
     p.add_argument(
         "--precision",
