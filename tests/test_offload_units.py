@@ -108,3 +108,16 @@ def test_swap_store_round_trip_overlapped(tmp_path, gen):
         store.ensure(0, ("exp_avg",), 1000)
     store.close()
     assert not os.path.exists(store.path)
+
+
+def test_zero_config_offload_field(monkeypatch):
+    import megalith_zero as zero
+    from megalith_zero import offload as glue
+
+    assert zero.ZeroConfig().offload is None
+    assert zero.ZeroConfig(offload=OffloadConfig(tier="nvme")).offload.tier == "nvme"
+    with pytest.raises(ValueError, match="offload='cpu'; expected None or a megalith_offload"):
+        zero.ZeroConfig(offload="cpu")
+    monkeypatch.setattr(glue, "megalith_offload", None)  # as if not installed
+    with pytest.raises(ImportError, match="pip install megalith-offload"):
+        glue.require_offload()
