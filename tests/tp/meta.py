@@ -12,6 +12,7 @@ import megalith.models as mm
 from megalith.tensor_parallel import (
     full_state_dict,
     gather_full,
+    load_full_state_dict,
     materialize_sharded,
     shard_model,
 )
@@ -38,6 +39,12 @@ class MetaCase:
         full = full_state_dict(model)
         for name, want in ref.state_dict().items():
             check(errors, f"value {name}", full[name], want, tol=1e-7)
+        other = mm.create(ref.config, device="cpu", seed=7).state_dict()
+        load_full_state_dict(model, other)
+        reloaded = full_state_dict(model)
+        for name, want in other.items():
+            check(errors, f"reloaded {name}", reloaded[name], want, tol=1e-7)
+        load_full_state_dict(model, ref.state_dict())
         ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
         ref(ids, labels=ids).loss.backward()
         model(ids, labels=ids).loss.backward()

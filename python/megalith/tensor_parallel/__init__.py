@@ -10,6 +10,7 @@ Models:
     shard_model(model, mesh.group("tp"), sequence_parallel=True)   # in place
     materialize_sharded(model, device, seed)  # after sharding a meta model
     full_state_dict(model)   # the unsharded weights, transformers' names
+    load_full_state_dict(model, state)   # back, from a checkpoint of any tp size
 
 Supported models: see policies.SUPPORTED; a Policy subclass covers others.
 """
@@ -39,7 +40,7 @@ from .regions import (
     seq_split,
 )
 from .shards import ShardSpec, check_divisible
-from .state import full_state_dict, gather_full
+from .state import full_state_dict, gather_full, load_full_state_dict
 
 __all__ = [
     "SUPPORTED",
@@ -58,6 +59,7 @@ __all__ = [
     "full_state_dict",
     "gather_from_region",
     "gather_full",
+    "load_full_state_dict",
     "materialize_sharded",
     "policy_for",
     "reduce_from_region",

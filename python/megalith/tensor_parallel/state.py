@@ -37,3 +37,34 @@ def full_state_dict(model: nn.Module, group: ProcessGroup | None = None) -> dict
             seen[id(t)] = gather_full(t, group)
         out[name] = seen[id(t)]
     return out
+
+
+@torch.no_grad()
+def load_full_state_dict(
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    group: ProcessGroup | None = None,
+    strict: bool = True,
+) -> None:
+    """Copies full (unsharded) tensors into a tensor-parallel model, each rank its shard.
+
+    The inverse of full_state_dict, with no communication: a checkpoint written
+    under any tp size (or by the unsharded model, or transformers) loads under this one.
+    """
+    group = group or model.tp_info.group
+    own = model.state_dict(keep_vars=True)
+    missing = [k for k in own if k not in state]
+    if missing and strict:
+        raise KeyError(f"load_full_state_dict: missing {missing[:5]} ({len(missing)} in all)")
+    for name, t in own.items():
+        if name not in state:
+            continue
+        spec = getattr(t, "tp_spec", None)
+        src = state[name]
+        want = spec.full_shape(t.shape) if spec else tuple(t.shape)
+        if tuple(src.shape) != want:
+            raise ValueError(
+                f"load_full_state_dict: {name!r} has shape {list(src.shape)}, the unsharded "
+                f"model {list(want)}"
+            )
+        t.copy_(spec.take(src, group.rank, group.size) if spec else src)
