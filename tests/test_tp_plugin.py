@@ -10,7 +10,7 @@ from megalith.booster.plugin import HybridParallelPlugin
 from megalith.testing import run_grid
 
 from .tp.models import run_case
-from .tp.plugin import PluginCase
+from .tp.plugin import BadPluginCase, PluginCase
 
 CASES = [
     PluginCase(),
@@ -18,6 +18,9 @@ CASES = [
     PluginCase(family="gpt2", sp=True, accumulate=2),
     PluginCase(zero_stage=1),
     PluginCase(zero_stage=1, sp=True),
+    PluginCase(precision="bf16", sp=True),
+    PluginCase(zero_stage=1, precision="bf16"),
+    BadPluginCase(),
 ]
 
 
