@@ -29,10 +29,12 @@ def cases(world_size: int) -> list[ModelCase]:
         out += [MetaCase("gpt2"), MetaCase("llama")]
         out.append(ModelCase("hf", "mistral", 1, sp=True))
         out.append(ModelCase("hf", "qwen2", 1))
+        out.append(ModelCase("hf", "qwen3", 1, sp=True))
     if world_size == 4:
         # kv heads (2) fewer than tp (4): replicated, each rank its query heads' kv head.
         out.append(ModelCase("megalith", "llama", 1, tp=4, sp=True))
         out.append(ModelCase("hf", "llama", 1, tp=4))
+        out.append(ModelCase("hf", "qwen3", 1, tp=4))
     return out
 
 

@@ -67,11 +67,12 @@ def build(case: ModelCase) -> nn.Module:
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
         )  # fmt: skip
         return tf.GPT2LMHeadModel(cfg)
-    kind = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[case.family]
+    kind = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}[case.family]
+    extra = {"head_dim": 8} if case.family == "qwen3" else {}
     cfg = getattr(tf, f"{kind}Config")(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=case.kv_heads, max_position_embeddings=SEQ,
-        attn_implementation="sdpa",
+        attn_implementation="sdpa", **extra,
     )  # fmt: skip
     return getattr(tf, f"{kind}ForCausalLM")(cfg)
 

@@ -4,7 +4,8 @@
     shard_model(model, group, policy=MyPolicy())   # any other model
 
 Supported: megalith.models GPTLMHeadModel and LlamaForCausalLM; transformers'
-GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM.
+GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and
+Qwen3ForCausalLM. Not yet: encoder models (BERT), encoder-decoders (T5), MoE.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ POLICIES: list[Policy] = [GPT2Policy(), LlamaPolicy()]
 
 SUPPORTED = (
     "megalith.models.GPTLMHeadModel, megalith.models.LlamaForCausalLM, transformers "
-    "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"
+    "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
 )
 
 

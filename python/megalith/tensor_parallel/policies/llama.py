@@ -1,10 +1,13 @@
 """Llama-shaped decoders: megalith.models.LlamaForCausalLM and transformers'
-LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM (same module names).
+LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM (same
+module names; Qwen3 adds per-head q_norm / k_norm).
 
 Per layer: q_proj column-parallel by heads; k_proj / v_proj column-parallel when
 tp divides the kv heads, else replicated with each rank using its query heads'
 kv head (heads.py); o_proj row-parallel; gate_proj and up_proj column-, down_proj
 row-parallel. embed_tokens is vocabulary-parallel, lm_head column-parallel.
+Per-head norms (Qwen3's q_norm, k_norm) are replicated, but each rank applies them
+to its heads only, so their gradients are all-reduced over the group.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from torch import nn
 
 from ..heads import HeadSplit
 from ..linear import ColumnParallelLinear, HeadRowsLinear, RowParallelLinear
+from ..sequence import add_grad_all_reduce
 from .base import DecoderPolicy, ShardContext
 
-HF_NAMES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+HF_NAMES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
 def _hf(model: nn.Module) -> bool:
@@ -73,6 +77,10 @@ class LlamaPolicy(DecoderPolicy):
             attn.num_key_value_groups = split.local_heads // split.local_kv_heads
         else:
             attn.n_heads, attn.n_kv_heads = split.local_heads, split.local_kv_heads
+        for norm in (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)):
+            for p in norm.parameters() if norm is not None else ():
+                add_grad_all_reduce(p, g)
+                p.tp_grad_reduced = True
         self.region(attn, ctx)
         mlp = block.mlp
         mlp.gate_proj = ColumnParallelLinear.from_linear(mlp.gate_proj, g, input_comm="none")
