@@ -24,6 +24,8 @@ def cases(world_size: int) -> list[ModelCase]:
             out.append(ModelCase(source, family, dp, sp=True))
     out.append(ModelCase("megalith", "gpt2", dp, gather_logits=False))
     out.append(ModelCase("hf", "llama", dp, sp=True, gather_logits=False))
+    out.append(ModelCase("megalith", "llama", dp, sp=True, checkpointing=True))
+    out.append(ModelCase("hf", "gpt2", dp, sp=True, checkpointing=True))
     if world_size == 2:
         out.append(CustomCase())
         out += [MetaCase("gpt2"), MetaCase("llama")]

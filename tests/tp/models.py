@@ -33,6 +33,7 @@ class ModelCase:
     sp: bool = False
     gather_logits: bool = True
     kv_heads: int = 2
+    checkpointing: bool = False
     steps: int = 2
 
     def run(self, rank: int) -> tuple[list[str], float]:
@@ -102,6 +103,11 @@ def run(rank: int, case: ModelCase) -> tuple[list[str], float]:
     )
     ref.train()
     model.train()
+    if case.checkpointing:  # blocks recomputed in backward, their collectives included
+        if case.source == "megalith":
+            model.set_activation_checkpointing(True)
+        else:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.1)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     gen = torch.Generator().manual_seed(5)
