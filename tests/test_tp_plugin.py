@@ -10,7 +10,7 @@ from megalith.booster.plugin import HybridParallelPlugin
 from megalith.testing import run_grid
 
 from .tp.models import run_case
-from .tp.plugin import BadPluginCase, PluginCase
+from .tp.plugin import BadPluginCase, DropoutCase, PluginCase
 
 CASES = [
     PluginCase(),
@@ -21,6 +21,7 @@ CASES = [
     PluginCase(precision="bf16", sp=True),
     PluginCase(zero_stage=1, precision="bf16"),
     BadPluginCase(),
+    DropoutCase(),
 ]
 
 

@@ -104,3 +104,33 @@ def build_gpt(**overrides) -> torch.nn.Module:
 
     base = dict(vocab_size=VOCAB, max_seq_len=SEQ, d_model=32, n_layers=1, n_heads=4, d_ff=64)
     return mm.create(mm.GPTConfig(**{**base, **overrides}), device="cpu")
+
+
+@dataclass(frozen=True)
+class DropoutCase:
+    """Ranks seeded differently, dropout on: replicated weights stay equal over tp."""
+
+    def run(self, rank: int) -> tuple[list[str], float]:
+        import megalith_comm as comm
+
+        start = time.perf_counter()
+        model = build_gpt(dropout=0.2)
+        torch.manual_seed(100 + rank)
+        plugin = HybridParallelPlugin(tp_size=2, enable_sequence_parallelism=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model, opt, *_ = Booster(plugin=plugin).boost(model, opt)
+        ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(3))
+        for _ in range(2):
+            opt.backward(model(ids, labels=ids).loss)
+            opt.step()
+            opt.zero_grad()
+        tp = plugin.mesh.group("tp")
+        errors: list[str] = []
+        for name, p in model.unwrap().named_parameters():
+            if hasattr(p, "tp_spec"):
+                continue
+            both = torch.empty((tp.size, *p.shape))
+            comm.all_gather(both, p.detach().contiguous(), group=tp)
+            if not torch.equal(both[0], both[1]):
+                errors.append(f"replicated {name} differs between tp ranks")
+        return errors, time.perf_counter() - start

@@ -11,7 +11,11 @@ Composition (one place, fixed order):
   2. Mesh(dp=world/tp, tp=tp): tp fastest, so a tensor-parallel group is adjacent
      ranks (on one host, where its per-layer collectives are cheapest);
   3. shard the model in place (megalith.tensor_parallel.shard_model), then make
-     every dp replica start equal (broadcast from dp rank 0);
+     every dp replica start equal (broadcast from dp rank 0), and give every rank
+     of a tp group tp rank 0's random state: dropout on activations that are
+     replicated over the group must draw the same mask on every rank, or the
+     replicas drift apart (the masks of different heads, or sequence shards, are
+     then drawn alike: correlated, not wrong);
   4. data parallel over the dp axis: zero_stage 0 averages gradients after
      backward; zero_stage 1 hands the sharded model to megalith_zero over the
      dp axis of the same mesh (optimizer states sharded, gradients all-reduced).
@@ -219,6 +223,7 @@ class HybridParallelPlugin(Plugin):
         with torch.no_grad():
             for p in model.parameters():
                 comm.broadcast(p.data, src=dp_group.global_rank(0), group=dp_group)
+        _share_rng(self.mesh.group("tp"))
         if self.zero_stage == 1:
             return self._zero(model, optimizer, criterion, dataloader, lr_scheduler)
         wrapped = HybridModel(model, self.precision, self.mesh)
@@ -250,6 +255,20 @@ class HybridParallelPlugin(Plugin):
         if optimizer is None:
             raise ValueError("HybridParallelPlugin: no_sync needs the boosted optimizer")
         return optimizer.no_sync()
+
+
+def _share_rng(group: Any) -> None:
+    """Every rank of group takes group rank 0's torch random state (CPU, and CUDA if used)."""
+    import megalith_comm as comm
+
+    src = group.global_rank(0)
+    state = torch.get_rng_state()
+    comm.broadcast(state, src=src, group=group)
+    torch.set_rng_state(state)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        cuda_state = torch.cuda.get_rng_state()
+        comm.broadcast(cuda_state, src=src, group=group)
+        torch.cuda.set_rng_state(cuda_state)
 
 
 def _replace_params(optimizer: Any, model: torch.nn.Module, before: dict[int, str]) -> None:
