@@ -172,7 +172,7 @@ def shard(
     )
     layout = plan(params, group.size, numel)
     memory = StateMemory(device)
-    offloader, plan_index = make_offloader(config, layout, optimizer, rule, group.rank)
+    offloader, plan_index = make_offloader(config, layout, optimizer, rule, group.rank, device)
     memory.offloader = offloader
     chunks = [
         FlatChunk(

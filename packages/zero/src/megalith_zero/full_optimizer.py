@@ -58,8 +58,9 @@ def save_full_optimizer(
             continue
         for state in names_of[c.spec.group]:
             c.ensure_states(names_of[c.spec.group])
-            full = torch.empty(c.spec.numel, dtype=torch.float32, device=c.master.device)
-            comm.all_gather(full, c.states[state], group=group)
+            device = c.shard.device  # offloaded states are on the host: gather where comm is
+            full = torch.empty(c.spec.numel, dtype=torch.float32, device=device)
+            comm.all_gather(full, c.states[state].to(device), group=group)
             for s, step in zip(c.spec.slots, c.steps):
                 if step:
                     out.add(

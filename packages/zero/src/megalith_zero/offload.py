@@ -44,6 +44,7 @@ def make_offloader(
     optimizer: torch.optim.Optimizer,
     rule: Rule,
     rank: int,
+    device: torch.device,
 ) -> tuple[Any, dict[int, int]] | tuple[None, dict[int, int]]:
     """(the Offloader, plan index per trainable chunk index), or (None, {}) without offload."""
     if config.offload is None:
@@ -65,7 +66,9 @@ def make_offloader(
                 swap=mo.file_bytes(s, n_states),
             )
         )
-    return mo.Offloader(config.offload, costs, rank), index
+    # Pinned host memory only pays off (and only exists) beside a GPU.
+    pinned = None if device.type == "cuda" else False
+    return mo.Offloader(config.offload, costs, rank, pinned), index
 
 
 def swapped_states(
