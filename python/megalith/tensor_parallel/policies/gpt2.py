@@ -15,6 +15,7 @@ from torch import nn
 
 from ..linear import ColumnParallelLinear, RowParallelLinear
 from .base import DecoderPolicy, ShardContext
+from .hf_version import check_transformers
 
 
 def _is_hf(model: nn.Module, name: str) -> bool:
@@ -63,6 +64,7 @@ class GPT2Policy(DecoderPolicy):
     def config_sizes(self, model: nn.Module) -> dict[str, int]:
         c = model.config
         if _is_hf(model, "GPT2LMHeadModel"):
+            check_transformers()
             heads, d_ff = c.n_head, c.n_inner or 4 * c.n_embd
         else:
             heads, d_ff = c.n_heads, c.d_ff

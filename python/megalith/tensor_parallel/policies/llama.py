@@ -18,6 +18,7 @@ from ..heads import HeadSplit
 from ..linear import ColumnParallelLinear, HeadRowsLinear, RowParallelLinear
 from ..sequence import add_grad_all_reduce
 from .base import DecoderPolicy, ShardContext
+from .hf_version import check_transformers
 
 HF_NAMES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -54,6 +55,8 @@ class LlamaPolicy(DecoderPolicy):
         }
 
     def validate(self, model: nn.Module, tp: int) -> None:
+        if _hf(model):
+            check_transformers()
         n_heads, n_kv, _ = self.heads(model)
         HeadSplit(n_heads, n_kv, tp, 0)
         super().validate(model, tp)
