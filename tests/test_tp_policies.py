@@ -13,6 +13,7 @@ from .tp.custom import CustomCase
 from .tp.errors import ErrorCase
 from .tp.meta import MetaCase
 from .tp.models import ModelCase, run_case
+from .tp.ulysses import UlyssesCase
 
 
 def cases(world_size: int) -> list[ModelCase]:
@@ -29,6 +30,7 @@ def cases(world_size: int) -> list[ModelCase]:
     if world_size == 2:
         out.append(CustomCase())
         out += [MetaCase("gpt2"), MetaCase("llama")]
+        out += [UlyssesCase("gpt2"), UlyssesCase("llama")]
         out.append(ModelCase("hf", "mistral", 1, sp=True))
         out.append(ModelCase("hf", "qwen2", 1))
         out.append(ModelCase("hf", "qwen3", 1, sp=True))
@@ -37,6 +39,7 @@ def cases(world_size: int) -> list[ModelCase]:
         out.append(ModelCase("megalith", "llama", 1, tp=4, sp=True))
         out.append(ModelCase("hf", "llama", 1, tp=4))
         out.append(ModelCase("hf", "qwen3", 1, tp=4))
+        out.append(UlyssesCase("llama", sp=4))  # 2 kv heads over 4 ranks: expanded first
     return out
 
 

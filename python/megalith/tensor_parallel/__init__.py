@@ -13,6 +13,8 @@ Models:
     load_full_state_dict(model, state)   # back, from a checkpoint of any tp size
 
 Supported models: see policies.SUPPORTED; a Policy subclass covers others.
+All-to-all (Ulysses) sequence parallelism: apply_ulysses(model, sp_group), for
+megalith.models decoders (ulysses.py).
 """
 
 from .cross_entropy import vocab_parallel_causal_lm_loss, vocab_parallel_cross_entropy
@@ -41,6 +43,7 @@ from .regions import (
 )
 from .shards import ShardSpec, check_divisible
 from .state import full_state_dict, gather_full, load_full_state_dict
+from .ulysses import apply_ulysses
 
 __all__ = [
     "SUPPORTED",
@@ -54,6 +57,7 @@ __all__ = [
     "ShardSpec",
     "TPInfo",
     "VocabParallelEmbedding",
+    "apply_ulysses",
     "check_divisible",
     "copy_to_region",
     "full_state_dict",

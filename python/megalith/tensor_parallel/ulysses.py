@@ -1,0 +1,138 @@
+"""All-to-all (Ulysses-style) sequence parallelism for megalith.models decoders.
+
+Every rank of the sequence group holds the whole model and a shard of the
+sequence. Outside attention nothing needs the other tokens; inside it, an
+all-to-all turns [batch, seq / sp, heads, head_dim] into [batch, seq, heads / sp,
+head_dim] (each rank: all tokens, its heads), attention runs, and the inverse
+all-to-all brings the rank its tokens back. The blocks' parameters see only this
+rank's tokens, so their gradients are all-reduced over the group; the embedding
+and head run on the whole sequence (split before the first block, gathered after
+the last), as in the Megatron-style mode.
+
+    apply_ulysses(model, sp_group)   # in place; heads must divide by sp
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import megalith_comm as comm
+from megalith_comm import ProcessGroup
+
+from .sequence import reduce_partial_grads, sequence_parallel_span
+from .shards import check_divisible
+
+
+def _all_to_all(x: torch.Tensor, scatter: int, gather: int, group: ProcessGroup) -> torch.Tensor:
+    if group.size == 1:
+        return x
+    send = torch.stack(x.chunk(group.size, dim=scatter)).contiguous()
+    recv = torch.empty_like(send)
+    comm.all_to_all(recv, send, group=group)
+    return torch.cat(recv.unbind(0), dim=gather)
+
+
+class _SeqToHeads(torch.autograd.Function):
+    """[B, S/sp, H, D] -> [B, S, H/sp, D]; backward the inverse."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _all_to_all(x, 2, 1, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_to_all(grad, 1, 2, ctx.group), None
+
+
+class _HeadsToSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _all_to_all(x, 1, 2, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_to_all(grad, 2, 1, ctx.group), None
+
+
+def seq_to_heads(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    return _SeqToHeads.apply(x, group)
+
+
+def heads_to_seq(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    return _HeadsToSeq.apply(x, group)
+
+
+def _attend(q, k, v, group, dropout: float) -> torch.Tensor:
+    """q, k, v: [B, S/sp, heads, D] (k, v with as many heads as q) -> [B, S/sp, heads, D]."""
+    q, k, v = (seq_to_heads(t, group).transpose(1, 2) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+    return heads_to_seq(y.transpose(1, 2), group)
+
+
+class UlyssesGPTAttention(nn.Module):
+    def __init__(self, attn: nn.Module, group: ProcessGroup) -> None:
+        super().__init__()
+        self.c_attn, self.c_proj, self.resid_dropout = attn.c_attn, attn.c_proj, attn.resid_dropout
+        self.n_heads, self.dropout, self.group = attn.n_heads, attn.dropout, group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, d = x.shape
+        q, k, v = (t.view(batch, seq, self.n_heads, -1) for t in self.c_attn(x).split(d, -1))
+        y = _attend(q, k, v, self.group, self.dropout if self.training else 0.0)
+        return self.resid_dropout(self.c_proj(y.reshape(batch, seq, d)))
+
+
+class UlyssesLlamaAttention(nn.Module):
+    def __init__(self, attn: nn.Module, group: ProcessGroup) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+            attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
+        )  # fmt: skip
+        self.n_heads, self.n_kv_heads = attn.n_heads, attn.n_kv_heads
+        self.head_dim, self.rope_theta, self.group = attn.head_dim, attn.rope_theta, group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from megalith.models.layers import apply_rope, rope_cos_sin
+
+        batch, seq, _ = x.shape
+        sp, r = self.group.size, self.group.rank
+        q = self.q_proj(x).view(batch, seq, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim)
+        # RoPE at this shard's global positions, before the exchange.
+        cos, sin = rope_cos_sin(seq * sp, self.head_dim, self.rope_theta, x.device, x.dtype)
+        cos, sin = cos[r * seq : (r + 1) * seq], sin[r * seq : (r + 1) * seq]
+        q = apply_rope(q.transpose(1, 2), cos, sin).transpose(1, 2)
+        k = apply_rope(k.transpose(1, 2), cos, sin).transpose(1, 2)
+        if self.n_kv_heads != self.n_heads:
+            # Expanded before the exchange, so any kv count works with any sp dividing heads.
+            repeat = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(repeat, dim=2), v.repeat_interleave(repeat, dim=2)
+        y = _attend(q, k, v, self.group, 0.0)
+        return self.o_proj(y.reshape(batch, seq, -1))
+
+
+def apply_ulysses(model: nn.Module, group: ProcessGroup) -> nn.Module:
+    """All-to-all sequence parallelism over group for a megalith.models GPT or Llama, in place."""
+    from megalith.models import GPTLMHeadModel, LlamaForCausalLM
+
+    if not isinstance(model, (GPTLMHeadModel, LlamaForCausalLM)):
+        raise ValueError(
+            f"all-to-all sequence parallelism supports megalith.models GPTLMHeadModel and "
+            f"LlamaForCausalLM for now, not {type(model).__name__}"
+        )
+    check_divisible("the number of attention heads (all-to-all sequence parallelism)",
+                    model.config.n_heads, group.size)  # fmt: skip
+    gpt = isinstance(model, GPTLMHeadModel)
+    for block in model.blocks:
+        if gpt:
+            block.attn = UlyssesGPTAttention(block.attn, group)
+        else:
+            block.self_attn = UlyssesLlamaAttention(block.self_attn, group)
+    sequence_parallel_span(model.blocks[0], model.blocks[-1], group)
+    reduce_partial_grads([p for b in model.blocks for p in b.parameters()], group)
+    return model
