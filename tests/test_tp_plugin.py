@@ -22,6 +22,8 @@ CASES = [
     PluginCase(zero_stage=1, precision="bf16"),
     BadPluginCase(),
     DropoutCase(),
+    PluginCase(tp=1, sp=True, sp_size=2),  # all_to_all: dp 2 x sp 2
+    PluginCase(family="gpt2", tp=1, sp=True, sp_size=2, zero_stage=1),
 ]
 
 

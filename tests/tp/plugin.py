@@ -24,6 +24,8 @@ class PluginCase:
     max_norm: float = 0.0
     accumulate: int = 1
     precision: str = "fp32"
+    tp: int = 2
+    sp_size: int | None = None
     steps: int = 2
 
     def run(self, rank: int) -> tuple[list[str], float]:
@@ -31,9 +33,11 @@ class PluginCase:
         model_case = ModelCase("megalith", self.family)
         ref = build(model_case)
         plugin = HybridParallelPlugin(
-            tp_size=2,
+            tp_size=self.tp,
             zero_stage=self.zero_stage,
             enable_sequence_parallelism=self.sp,
+            sequence_parallelism_mode="all_to_all" if self.sp_size else None,
+            sp_size=self.sp_size,
             max_norm=self.max_norm,
             precision=self.precision,
         )

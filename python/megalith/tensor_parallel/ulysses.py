@@ -116,8 +116,8 @@ class UlyssesLlamaAttention(nn.Module):
         return self.o_proj(y.reshape(batch, seq, -1))
 
 
-def apply_ulysses(model: nn.Module, group: ProcessGroup) -> nn.Module:
-    """All-to-all sequence parallelism over group for a megalith.models GPT or Llama, in place."""
+def validate_ulysses(model: nn.Module, sp: int) -> None:
+    """ValueError with the numbers unless apply_ulysses can split this model over sp ranks."""
     from megalith.models import GPTLMHeadModel, LlamaForCausalLM
 
     if not isinstance(model, (GPTLMHeadModel, LlamaForCausalLM)):
@@ -126,7 +126,14 @@ def apply_ulysses(model: nn.Module, group: ProcessGroup) -> nn.Module:
             f"LlamaForCausalLM for now, not {type(model).__name__}"
         )
     check_divisible("the number of attention heads (all-to-all sequence parallelism)",
-                    model.config.n_heads, group.size)  # fmt: skip
+                    model.config.n_heads, sp)  # fmt: skip
+
+
+def apply_ulysses(model: nn.Module, group: ProcessGroup) -> nn.Module:
+    """All-to-all sequence parallelism over group for a megalith.models GPT or Llama, in place."""
+    from megalith.models import GPTLMHeadModel
+
+    validate_ulysses(model, group.size)
     gpt = isinstance(model, GPTLMHeadModel)
     for block in model.blocks:
         if gpt:

@@ -2,14 +2,17 @@
 
 ColossalAI's argument names where they mean the same. What runs today: tp_size
 any divisor of the world size, pp_size=1, zero_stage 0 or 1, precision fp32 or
-bf16, enable_sequence_parallelism with sequence_parallelism_mode="split_gather",
-custom_policy. Other values fail at construction with what is missing.
+bf16, enable_sequence_parallelism with sequence_parallelism_mode="split_gather"
+(over the tp group) or "all_to_all" (Ulysses, tp_size=1 and sp_size >= 2,
+megalith.models only), custom_policy. Other values fail at construction with
+what is missing.
 
 Composition (one place, fixed order):
   1. validate: tp against the world size and, through the policy, against the
      model's heads / vocabulary / widths, on every rank before any collective;
-  2. Mesh(dp=world/tp, tp=tp): tp fastest, so a tensor-parallel group is adjacent
-     ranks (on one host, where its per-layer collectives are cheapest);
+  2. Mesh(dp=world/(sp*tp), sp=sp, tp=tp): tp fastest, so a tensor-parallel group
+     is adjacent ranks (on one host, where its per-layer collectives are cheapest);
+     sp is 1 except in the all_to_all mode;
   3. shard the model in place (megalith.tensor_parallel.shard_model), then make
      every dp replica start equal (broadcast from dp rank 0), and give every rank
      of a tp group tp rank 0's random state: dropout on activations that are
@@ -151,24 +154,34 @@ class HybridParallelPlugin(Plugin):
                 f"HybridParallelPlugin: zero_stage={zero_stage}; 0 or 1 for now (stage 2 with "
                 "tensor parallelism is not built yet)"
             )
-        if enable_sequence_parallelism:
-            mode = sequence_parallelism_mode or "split_gather"
-            if mode != "split_gather":
-                raise NotImplementedError(
-                    f"HybridParallelPlugin: sequence_parallelism_mode={mode!r}; only "
-                    "'split_gather' (Megatron style, over the tp group) is built"
-                )
-        if sp_size not in (None, 1) and sp_size != tp_size:
+        mode = (
+            (sequence_parallelism_mode or "split_gather") if enable_sequence_parallelism else None
+        )
+        if mode not in (None, "split_gather", "all_to_all"):
             raise NotImplementedError(
-                f"HybridParallelPlugin: sp_size={sp_size}; split_gather runs over the tp group, "
-                "a separate sequence axis (all_to_all) is not built yet"
+                f"HybridParallelPlugin: sequence_parallelism_mode={mode!r}; built: "
+                "'split_gather' (Megatron style, over the tp group) and 'all_to_all' (Ulysses)"
+            )
+        self.sp_size = 1
+        if mode == "all_to_all":
+            if tp_size != 1 or not sp_size or sp_size < 2:
+                raise NotImplementedError(
+                    f"HybridParallelPlugin: all_to_all with tp_size={tp_size}, sp_size={sp_size}; "
+                    "built: tp_size=1 with sp_size >= 2 (all_to_all beside tp is not built yet)"
+                )
+            self.sp_size = sp_size
+        elif sp_size not in (None, 1) and sp_size != tp_size:
+            raise NotImplementedError(
+                f"HybridParallelPlugin: sp_size={sp_size}; split_gather runs over the tp group "
+                "(sp_size is for sequence_parallelism_mode='all_to_all')"
             )
         if unsupported:
             raise NotImplementedError(
                 f"HybridParallelPlugin: {sorted(unsupported)} not supported yet"
             )
         self.tp_size, self.zero_stage = tp_size, zero_stage
-        self.sequence_parallel = bool(enable_sequence_parallelism)
+        self.sequence_parallel = mode == "split_gather"
+        self.sp_mode = mode
         self.custom_policy = custom_policy
         self.max_norm = max_norm
         self.set_precision(precision)
@@ -188,36 +201,48 @@ class HybridParallelPlugin(Plugin):
 
     def _dp(self) -> int:
         w = world()
-        if w.world_size % self.tp_size:
+        inner = self.tp_size * self.sp_size
+        if w.world_size % inner:
             raise ValueError(
                 f"HybridParallelPlugin: world size {w.world_size} is not divisible by "
-                f"tp_size {self.tp_size}; dp = world size / tp_size must be whole"
+                f"tp_size {self.tp_size} * sp_size {self.sp_size} = {inner}; dp = world size / "
+                f"{inner} must be whole"
             )
-        return w.world_size // self.tp_size
+        return w.world_size // inner
 
     @property
     def dp_rank_size(self) -> tuple[int, int]:
         dp = self._dp()
-        return world().rank // self.tp_size, dp  # mesh order (dp, tp): tp fastest
+        # mesh order (dp, sp, tp): tp fastest
+        return world().rank // (self.tp_size * self.sp_size), dp
 
     def configure(self, model, optimizer, criterion, dataloader, lr_scheduler):
         import megalith_comm as comm
-        from megalith.tensor_parallel import policy_for, shard_model
+        from megalith.tensor_parallel import apply_ulysses, policy_for, shard_model
+        from megalith.tensor_parallel.ulysses import validate_ulysses
 
         w = world()
         dp = self._dp()
-        policy = self.custom_policy or policy_for(model)
-        policy.validate(model, self.tp_size)  # before the mesh's collectives
+        policy = None
+        if self.tp_size > 1:
+            policy = self.custom_policy or policy_for(model)
+            policy.validate(model, self.tp_size)  # before the mesh's collectives
+        if self.sp_mode == "all_to_all":
+            validate_ulysses(model, self.sp_size)
         if optimizer is not None and any(optimizer.state.values()):
             raise ValueError(
                 "HybridParallelPlugin: boost() wants an optimizer that has not stepped"
             )
         model = model.to(w.device)
         before = {id(p): name for name, p in model.named_parameters()}
-        self.mesh = comm.Mesh(w, dp=dp, tp=self.tp_size, name="hybrid")
-        shard_model(
-            model, self.mesh.group("tp"), sequence_parallel=self.sequence_parallel, policy=policy
-        )
+        self.mesh = comm.Mesh(w, dp=dp, sp=self.sp_size, tp=self.tp_size, name="hybrid")
+        if self.tp_size > 1:
+            shard_model(
+                model, self.mesh.group("tp"), sequence_parallel=self.sequence_parallel,
+                policy=policy,
+            )  # fmt: skip
+        if self.sp_mode == "all_to_all":
+            apply_ulysses(model, self.mesh.group("sp"))
         _replace_params(optimizer, model, before)
         dp_group = self.mesh.group("dp")
         with torch.no_grad():
