@@ -44,6 +44,32 @@ def _named_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def _tensor_parallel(model: Any, what: str) -> bool:
+    """True for a tensor-parallel model (its shards are gathered to full tensors);
+    refuses the combinations whose files would not be right yet."""
+    if getattr(model.unwrap(), "tp_info", None) is None:
+        return False
+    if isinstance(model, ZeroModelWrapper) or what == "optimizer":
+        raise NotImplementedError(
+            f"saving or loading the {what} of a tensor-parallel model "
+            f"{'under ZeRO ' if isinstance(model, ZeroModelWrapper) else ''}is not implemented yet: "
+            "use HybridParallelPlugin(zero_stage=0) and save the model only"
+        )
+    return True
+
+
+def _tp_full_state(raw: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Full tensors of a tensor-parallel model, tied ones once (under their first name)."""
+    from megalith.tensor_parallel.state import full_state_dict
+
+    full = full_state_dict(raw)
+    first: dict[int, str] = {}
+    for name, t in raw.state_dict(keep_vars=True).items():
+        first.setdefault(id(t), name)
+    keep = set(first.values())
+    return {k: v for k, v in full.items() if k in keep}
+
+
 def save_model(model: Any, checkpoint: str, shard: bool, size_per_shard: int) -> None:
     zero = _zero()
     path = Path(checkpoint)
@@ -51,10 +77,12 @@ def save_model(model: Any, checkpoint: str, shard: bool, size_per_shard: int) ->
     target = path if shard else Path(tempfile.mkdtemp(prefix=".save-", dir=path.parent or "."))
     rank0 = world().rank == 0
     try:
-        if isinstance(model, ZeroModelWrapper):
+        if isinstance(model, ZeroModelWrapper) and not _tensor_parallel(model, "model"):
             zero.save_full(model.module, target, max_shard_bytes=max_bytes)
         else:
-            tensors = {k: v.cpu() for k, v in _named_state(model.unwrap()).items()}
+            raw = model.unwrap()
+            state = _tp_full_state(raw) if _tensor_parallel(model, "model") else _named_state(raw)
+            tensors = {k: v.cpu() for k, v in state.items()}
             plan = [(k, t.numel() * t.element_size()) for k, t in tensors.items()]
             out = zero.files.StreamedFiles(target, "model", plan, max_bytes, write=rank0)
             for k, t in tensors.items():
@@ -62,7 +90,9 @@ def save_model(model: Any, checkpoint: str, shard: bool, size_per_shard: int) ->
             out.finish()
             _barrier()
         raw = model.unwrap()
-        if shard and rank0 and hasattr(raw, "to_hf_config"):  # transformers' from_pretrained reads it
+        if (
+            shard and rank0 and hasattr(raw, "to_hf_config")
+        ):  # transformers' from_pretrained reads it
             zero.files.atomic_json(raw.to_hf_config(), target / "config.json")
         if not shard and rank0:
             os.replace(target / "model.safetensors", path)
@@ -82,6 +112,21 @@ def load_model(model: Any, checkpoint: str, strict: bool = True) -> None:
             return load_model(model, str(tmp), strict)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+    if _tensor_parallel(model, "model"):
+        from megalith.tensor_parallel.state import load_full_state_dict
+
+        raw = model.unwrap()
+        names: dict[int, list[str]] = {}
+        for name, t in raw.state_dict(keep_vars=True).items():
+            names.setdefault(id(t), []).append(name)
+        with zero.files.TensorReader(path, "model") as reader:
+            state = {}
+            for aliases in names.values():  # a tied tensor is in the files under one of its names
+                stored = next((n for n in aliases if reader.has(n)), None)
+                if stored is not None:
+                    state.update({n: reader.get(stored) for n in aliases})
+        load_full_state_dict(raw, state, strict=strict)
+        return None
     if isinstance(model, ZeroModelWrapper):
         zero.load_full(model.module, model.module.optimizer, path)
         return None
@@ -112,8 +157,19 @@ def _kind(optim: torch.optim.Optimizer) -> str:
     raise ValueError(f"saving {name}: megalith checkpoints hold Adam/AdamW, SGD or Lion states")
 
 
+def _refuse_tp_optimizer(optimizer: Any) -> None:
+    model = getattr(optimizer, "model", None) or getattr(
+        getattr(optimizer, "optim", None), "model", None
+    )
+    if model is not None and hasattr(model, "unwrap"):
+        _tensor_parallel(model, "optimizer")
+    elif model is not None and getattr(getattr(model, "module", None), "tp_info", None) is not None:
+        _tensor_parallel(ZeroModelWrapper(model), "optimizer")
+
+
 def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard: int) -> None:
     zero = _zero()
+    _refuse_tp_optimizer(optimizer)
     path = Path(checkpoint)
     max_bytes = size_per_shard << 20 if shard else 1 << 62
     if isinstance(optimizer, ZeroOptimizerWrapper):
@@ -146,7 +202,9 @@ def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard:
             "param_groups": zero.full_optimizer.hyperparameters(optim.param_groups),
             "params": params,
             # the scale in megalith_zero's form (a ZeRO plugin reads it) and GradScaler's own state
-            "loss_scale": {"scale": float(scaler.get_scale()), "clean_steps": 0} if scaler else None,
+            "loss_scale": {"scale": float(scaler.get_scale()), "clean_steps": 0}
+            if scaler
+            else None,
             "grad_scaler": dict(scaler.state_dict()) if scaler else None,
         }
         zero.files.atomic_json(meta, path / "optimizer.json")
@@ -155,6 +213,7 @@ def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard:
 
 def load_optimizer(optimizer: Any, checkpoint: str) -> None:
     zero = _zero()
+    _refuse_tp_optimizer(optimizer)
     path = Path(checkpoint)
     if isinstance(optimizer, ZeroOptimizerWrapper):
         zopt = optimizer.optim
