@@ -99,6 +99,7 @@ def test_swap_store_round_trip_overlapped(tmp_path, gen):
                     assert torch.equal(t, expected[k, name])
                 t.copy_(torch.randn(t.numel(), generator=gen))
                 expected[k, name] = t.clone()
+    assert store.prefetched == 2 * (len(sizes) - 1)  # passes 2 and 3 read ahead
     out = {n: torch.empty(sizes[2]) for n in ("exp_avg", "exp_avg_sq")}
     store.load(2, out)
     assert torch.equal(out["exp_avg_sq"], expected[2, "exp_avg_sq"])
@@ -121,3 +122,18 @@ def test_zero_config_offload_field(monkeypatch):
     monkeypatch.setattr(glue, "megalith_offload", None)  # as if not installed
     with pytest.raises(ImportError, match="pip install megalith-offload"):
         glue.require_offload()
+
+
+def test_swap_store_one_slot_no_overlap(tmp_path):
+    cfg = OffloadConfig(tier="nvme", swap_dir=str(tmp_path), run_name="one")
+    store = SwapStore(cfg, 0, HostTier(pinned=False), slots=1, slot_bytes=file_bytes(100, 1))
+    for k in range(3):
+        store.ensure(k, ("m",), 100)
+    for _ in range(2):
+        for k, states in store.stream(range(3)):
+            states["m"].add_(k + 1)
+    assert store.prefetched == 0 and not store.overlapped
+    out = {"m": torch.empty(100)}
+    store.load(2, out)
+    assert torch.equal(out["m"], torch.full((100,), 6.0))
+    store.close()

@@ -65,6 +65,8 @@ class SwapStore:
         self._entries: dict[Hashable, _Entry] = {}
         self._slots = [_Slot(host.empty("swap_staging", slot_bytes // FLOAT)) for _ in range(slots)]
         self._peak = 0
+        #: reads started while the caller still held the previous chunk (the overlap)
+        self.prefetched = 0
 
     @property
     def overlapped(self) -> bool:
@@ -132,6 +134,7 @@ class SwapStore:
                     req.wait()
                 if n > 1 and i + 1 < len(keys):
                     reads[i + 1] = self._start_read(keys[i + 1], self._slots[(i + 1) % n])
+                    self.prefetched += reads[i + 1] is not None
                 entry = self._entries[key]
                 yield key, self._views(entry, slot)
                 slot.pending.append(entry.file.write(self._whole(entry, slot)))
