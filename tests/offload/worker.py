@@ -81,7 +81,8 @@ def _run(rank: int, n: int, case: Case, zmodel, zopt) -> dict:
         losses.append(float(total))
     report = {k: (u.current_bytes, u.peak_bytes) for k, u in zmodel.memory_report().items()}
     tiers = [c.tier for c in zmodel.chunks if c.trainable]
-    swap = zopt.offloader.swap.path if zopt.offloader and zopt.offloader.swap else None
+    store = zopt.offloader.swap if zopt.offloader else None
+    swap = store.path if store else None
     state = zmodel.full_state_dict()
     zopt.close()  # idempotent
     gone = swap is None or not os.path.exists(swap)
@@ -92,6 +93,7 @@ def _run(rank: int, n: int, case: Case, zmodel, zopt) -> dict:
         "tiers": tiers,
         "swap_removed": gone,
         "swap_used": swap is not None,
+        "prefetched": store.prefetched if store else 0,
     }
 
 
