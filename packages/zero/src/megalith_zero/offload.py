@@ -72,18 +72,19 @@ def make_offloader(
 
 
 def swapped_states(
-    offloader: Any, chunks: list[FlatChunk], names: tuple[str, ...]
+    offloader: Any, chunks: list[tuple[FlatChunk, tuple[str, ...]]]
 ) -> Iterator[FlatChunk]:
-    """Yields each NVMe chunk with its states read into host memory (`chunk.states`);
-    written back when the caller moves on. The next chunk's read overlaps."""
+    """Yields each NVMe chunk with its states (names given per chunk) read into host
+    memory (`chunk.states`); written back when the caller moves on. The next chunk's
+    read overlaps the caller's work on this one."""
     if not chunks:
         return
-    if not names:
-        yield from chunks
-        return
-    by_key = {c.spec.index: c for c in chunks}
-    for c in chunks:
-        c.ensure_states(names)
+    stateless = [c for c, names in chunks if not names]
+    yield from stateless
+    by_key = {c.spec.index: c for c, names in chunks if names}
+    for c, names in chunks:
+        if names:
+            c.ensure_states(names)
     for key, states in offloader.swap.stream(list(by_key)):
         c = by_key[key]
         c.states = states

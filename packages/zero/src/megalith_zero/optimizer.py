@@ -139,6 +139,7 @@ class ZeroOptimizer:
         for c in self.trainable:
             per_chunk_used.append(used[pos : pos + len(c.used)])
             pos += len(c.used)
+        swapped: list[tuple[FlatChunk, list[bool], dict[str, Any], tuple[str, ...]]] = []
         for gi, group in enumerate(self.optimizer.param_groups):
             names = self.rule.state_names(group)
             mine = [(c, u) for c, u in zip(self.trainable, per_chunk_used) if c.spec.group == gi]
@@ -147,10 +148,12 @@ class ZeroOptimizer:
                 for c, _ in batch:
                     c.ensure_states(names)
                 self._apply(group, names, batch, grad_scale)
-            used_of = {id(c): u for c, u in mine}
-            swapped = [c for c, _ in mine if c.tier == "nvme"]
-            for c in swapped_states(self.offloader, swapped, names):
-                self._apply(group, names, [(c, used_of[id(c)])], grad_scale)
+            swapped += [(c, u, group, names) for c, u in mine if c.tier == "nvme"]
+        # NVMe chunks in one stream over all groups, so every read overlaps a step.
+        work_of = {id(c): (u, group, names) for c, u, group, names in swapped}
+        for c in swapped_states(self.offloader, [(c, n) for c, _, _, n in swapped]):
+            u, group, names = work_of[id(c)]
+            self._apply(group, names, [(c, u)], grad_scale)
         for c, u in zip(self.trainable, per_chunk_used):
             c.steps = [s + 1 if ui else s for s, ui in zip(c.steps, u)]
         if self.config.stage in (1, 2):
