@@ -12,7 +12,11 @@
 namespace nb = nanobind;
 
 NB_MODULE(_engine, m) {
-  m.doc() = "megalith's C++/CUDA engine (fused optimizers; more engine parts as they land)";
+  m.doc() = "megalith's C++/CUDA engine: fused optimizers, NCCL collectives, chunk memory, file I/O";
+  // Engine objects that torch tensors still reference (buffers behind DLPack views)
+  // are legitimately alive when the interpreter exits; nanobind's leak report about
+  // them would only alarm users.
+  nb::set_leak_warnings(false);
   // Every engine exception becomes its Python counterpart here, in one
   // translator, so none has to travel on through nanobind's chain (a path seen
   // to crash with one toolchain). megalith::type_error derives from
