@@ -5,14 +5,14 @@
 
 For each pp it spawns pp CPU ranks (Gloo, one thread each) and, in one process
 group, runs every schedule of megalith_pipeline on a small GPT (small_gpt.py:
-embedding, blocks, head; cut by layer count), then the matching schedule of
+embedding, blocks, head; cut by layer count) and the matching schedule of
 torch.distributed.pipelining on the same stages. A step is the forward and backward
 of every micro-batch (no optimizer), timed from a barrier to the slowest rank's end;
 the median over the timed steps is reported. Beside it: the bubble measured from the
 ranks' compute spans (1 - busy / (pp x makespan)), the simulator's bubble for the
 measured pass times, and the 1F1B theory (p - 1) / (m + p - 1). A single process
 running the whole model over the same micro-batches (gradient accumulation) is the
-no-pipeline reference.
+no-pipeline reference. All of them run in rounds, one step each per round.
 
 The machine's cores bound what pp can gain: with more ranks than cores, ranks share
 cores and an idle rank gives its core to another, so step times then measure
@@ -46,23 +46,6 @@ def _data(c: Config) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randint(0, c.vocab, (BATCH, c.seq), generator=g), torch.randint(
         0, c.vocab, (BATCH, c.seq), generator=g
     )
-
-
-def _time_pair(runs, warmup: int, steps: int) -> list[list[float]]:
-    """Each runner's step times, the runners alternating step by step (a drift in the
-    machine's load hits both alike)."""
-    import megalith_comm as comm
-
-    times: list[list[float]] = [[] for _ in runs]
-    for i in range(warmup + steps):
-        for k, run in enumerate(runs):
-            comm.barrier()
-            t0 = time.perf_counter()
-            run()
-            comm.barrier()  # the slowest rank's end
-            if i >= warmup:
-                times[k].append(time.perf_counter() - t0)
-    return times
 
 
 def _torch_peer(name: str, pipe, x, y, m: int):
@@ -101,55 +84,64 @@ def _torch_peer(name: str, pipe, x, y, m: int):
     return run
 
 
-def worker(rank: int, cfg: dict) -> list[dict]:
+def _whole_model(c: Config, x: torch.Tensor, y: torch.Tensor, m: int):
+    """The no-pipeline reference: the whole model on one rank, m micro-batches accumulated."""
+    torch.manual_seed(0)
+    model = SmallGPT(c)
+
+    def run():
+        for xs, ys in zip(x.chunk(m), y.chunk(m)):
+            (loss_fn(model(xs), ys) / m).backward()
+        model.zero_grad(set_to_none=True)
+
+    return run
+
+
+def worker(rank: int, cfg: dict) -> dict:
+    """Builds every runner, then times them in rounds: each round runs each runner once,
+    so a change in the machine's load hits all of them alike."""
+    import megalith_comm as comm
     from megalith_pipeline import Pipeline
 
     torch.set_num_threads(1)
     c = Config()
     x, y = _data(c)
-    m = cfg["m"]
-    rows = []
+    m, world = cfg["m"], comm.get_world().world_size
+    # (schedule, library, run, pipe); on ranks > 0 the whole-model run is a wait at the barrier
+    whole = _whole_model(c, x, y, m) if rank == 0 else (lambda: None)
+    runners: list[tuple[str, str, object, object]] = [("-", "whole", whole, None)]
+    errors = {}
     for name in SCHEDULES:
         torch.manual_seed(0)
-        pipe = Pipeline(SmallGPT(c), num_microbatches=m, schedule=name, loss_fn=loss_fn)
+        # A group per pipeline: its channels' shape caches and tags are its own.
+        group = comm.new_group(range(world), name=f"bench_{name}", exclusive=True)
+        pipe = Pipeline(
+            SmallGPT(c), num_microbatches=m, schedule=name, loss_fn=loss_fn, group=group
+        )
 
         def run(pipe=pipe):
             pipe.step(x, y)
             for p in pipe.module.parameters():
                 p.grad = None
 
-        row: dict = {"schedule": name, "peer": None}
+        runners.append((name, "megalith", run, pipe))
         try:
-            runs = [run, _torch_peer(name, pipe, x, y, m)]
+            runners.append((name, "torch", _torch_peer(name, pipe, x, y, m), None))
         except Exception as exc:  # report, do not hide, what the peer cannot run
-            row["peer_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-            runs = [run]
-        times = _time_pair(runs, cfg["warmup"], cfg["steps"])
-        row["times"] = times[0]
-        row["peer"] = times[1] if len(times) > 1 else None
-        import megalith_comm as comm
-
-        comm.barrier()
-        pipe.step(x, y)  # once more alone: the stats of a step without the peer around it
-        row["stats"] = pipe.last_stats
-        rows.append(row)
-    return rows
-
-
-def single_process(c: Config, m: int, warmup: int, steps: int) -> float:
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = SmallGPT(c)
-    x, y = _data(c)
-    times = []
-    for i in range(warmup + steps):
-        t0 = time.perf_counter()
-        for xs, ys in zip(x.chunk(m), y.chunk(m)):
-            (loss_fn(model(xs), ys) / m).backward()
-        model.zero_grad(set_to_none=True)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+            errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    times: dict[str, list[float]] = {}
+    stats: dict[str, list] = {}
+    for i in range(cfg["warmup"] + cfg["steps"]):
+        for name, lib, run, pipe in runners:
+            comm.barrier()
+            t0 = time.perf_counter()
+            run()
+            comm.barrier()  # the slowest rank's end
+            if i >= cfg["warmup"]:
+                times.setdefault(f"{name}/{lib}", []).append(time.perf_counter() - t0)
+                if pipe is not None:
+                    stats.setdefault(name, []).append(pipe.last_stats)
+    return {"times": times, "stats": stats, "errors": errors}
 
 
 def wait_for_quiet(max_load: float, max_wait: float) -> float:
@@ -179,55 +171,65 @@ def main() -> None:
     m = args.microbatches
     tokens = BATCH * c.seq
     params = sum(p.numel() for p in SmallGPT(c).parameters())
-    loads = [wait_for_quiet(args.max_load, args.max_wait)]
-    base = single_process(c, m, args.warmup, args.steps)
+    med = statistics.median
+    rows, loads = [], []
+    for pp in args.pp:
+        loads.append(wait_for_quiet(args.max_load, args.max_wait))
+        cfg = {"m": m, "steps": args.steps, "warmup": args.warmup}
+        per_rank = run_distributed(worker, pp, cfg, timeout=3000)
+        times, errors = per_rank[0]["times"], per_rank[0]["errors"]
+        whole = med(times["-/whole"])
+        rows.append(
+            f"| {pp} | no pipeline (rank 0 alone) | {whole * 1e3:.0f} | {tokens / whole:,.0f} "
+            "| - | - | - | - | - |"
+        )
+        for name in SCHEDULES:
+            step = med(times[f"{name}/megalith"])
+            sched = make_schedule(name, pp, m)
+            by_step = list(zip(*[r["stats"][name] for r in per_rank]))  # each: every rank's
+            measured = med(measured_bubble(st) for st in by_step)
+            simulated = med(
+                simulate(sched, mean_pass_times(st, sched.num_stages)).bubble_fraction
+                for st in by_step
+            )
+            peer = times.get(f"{name}/torch")
+            peer_cols = (
+                f"{med(peer) * 1e3:.0f} | {med(peer) / step:.2f}x"
+                if peer
+                else f"({errors.get(name, 'n/a')}) | -"
+            )
+            rows.append(
+                f"| {pp} | {name} | {step * 1e3:.0f} | {tokens / step:,.0f} | {measured:.3f} | "
+                f"{simulated:.3f} | {theory_bubble_1f1b(pp, m):.3f} | {peer_cols} |"
+            )
+            print(rows[-1], flush=True)
     lines = [
         f"# Pipeline schedules on CPU ranks: small GPT ({params / 1e6:.2f} M params, "
         f"{c.layers} blocks, dim {c.dim}, seq {c.seq}), batch {BATCH} in {m} micro-batches",
         "",
         f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC; torch {torch.__version__}, "
         f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), one thread per "
-        f"rank, Gloo; 1-minute load average when each part started: {{loads}}. "
-        f"Step = forward + backward of every micro-batch, median of {args.steps} steps "
-        f"after {args.warmup} warm-up, slowest rank; megalith's and torch's steps alternate.",
-        "",
-        f"No pipeline (one process, the whole model, {m} micro-batches accumulated): "
-        f"{base * 1e3:.0f} ms/step, {tokens / base:,.0f} tokens/s.",
+        "rank, Gloo; 1-minute load average when each pp started: "
+        f"{', '.join(f'{x:.1f}' for x in loads)} (the machine is shared). Step = forward + "
+        f"backward of every micro-batch, median of {args.steps} steps after {args.warmup} "
+        "warm-up, from a barrier to the slowest rank's end. Every runner of one pp (no "
+        "pipeline, each schedule, each torch peer) runs once per round, so a change in load "
+        "hits all of them alike.",
         "",
         "| pp | schedule | step (ms) | tokens/s | bubble measured | bubble simulated | "
         "theory (p-1)/(m+p-1) | torch.distributed.pipelining (ms) | torch / megalith |",
         "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for pp in args.pp:
-        cfg = {"m": m, "steps": args.steps, "warmup": args.warmup}
-        loads.append(wait_for_quiet(args.max_load, args.max_wait))
-        per_rank = run_distributed(worker, pp, cfg, timeout=3000)
-        for i, name in enumerate(SCHEDULES):
-            rows = [r[i] for r in per_rank]
-            step = statistics.median(rows[0]["times"])
-            stats = [r["stats"] for r in rows]
-            sched = make_schedule(name, pp, m)
-            sim = simulate(sched, mean_pass_times(stats, sched.num_stages)).bubble_fraction
-            if rows[0]["peer"]:
-                peer = statistics.median(rows[0]["peer"])
-                peer_cols = f"{peer * 1e3:.0f} | {peer / step:.2f}x"
-            else:
-                peer_cols = f"({rows[0].get('peer_error', 'n/a')}) | -"
-            lines.append(
-                f"| {pp} | {name} | {step * 1e3:.0f} | {tokens / step:,.0f} | "
-                f"{measured_bubble(stats):.3f} | {sim:.3f} | {theory_bubble_1f1b(pp, m):.3f} | "
-                f"{peer_cols} |"
-            )
-            print(lines[-1], flush=True)
-    lines += [
+        *rows,
         "",
-        "bubble measured: 1 - (compute time summed over ranks) / (pp x makespan) for the last "
-        "timed step; simulated: the simulator given that step's mean time per pass kind and "
-        "stage and the measured message latency. torch / megalith above 1: megalith is faster. "
-        "interleaved runs 2 chunks per rank (both libraries); torch's zero-bubble peer is "
-        "ScheduleInterleavedZeroBubble on the same one stage per rank.",
+        "bubble measured: 1 - (compute time summed over ranks) / (pp x makespan), median over "
+        "the timed steps; simulated: the simulator given each step's mean time per pass kind "
+        "and stage and its measured message latency, median. torch / megalith above 1: "
+        "megalith is faster. interleaved runs 2 chunks per rank in both libraries; torch's "
+        "zero-bubble peer is ScheduleInterleavedZeroBubble on the same one stage per rank. "
+        "No pipeline: the whole model on rank 0 while the other ranks wait (the same "
+        "micro-batches, gradients accumulated).",
     ]
-    text = "\n".join(lines).replace("{loads}", ", ".join(f"{x:.1f}" for x in loads)) + "\n"
+    text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
         Path(args.out).write_text(text)
