@@ -6,13 +6,12 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "packages" / "pipeline" / "README.md"
+from .readme_example import readme, run_example
+
+README = readme("pipeline")
 
 
 def _blocks() -> list[str]:
@@ -21,20 +20,10 @@ def _blocks() -> list[str]:
 
 @pytest.mark.timeout(180)
 def test_readme_example_runs_under_torchrun(tmp_path):
-    code = next(b for b in _blocks() if b.startswith("# example.py"))
-    script = tmp_path / "example.py"
-    script.write_text(code)
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=170,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    first, last = map(float, re.search(r"loss ([0-9.]+) -> ([0-9.]+)", result.stdout).groups())
-    assert last < first / 4, result.stdout
-    assert "stages per rank (3, 2)" in result.stdout
+    out = run_example("pipeline", tmp_path)
+    first, last = map(float, re.search(r"loss ([0-9.]+) -> ([0-9.]+)", out).groups())
+    assert last < first / 4, out
+    assert "stages per rank (3, 2)" in out
 
 
 def test_readme_simulator_snippet():
