@@ -40,12 +40,6 @@ def _check(args: argparse.Namespace, world_size: int) -> None:
             raise SystemExit(
                 f"megalith train: --{name.replace('_', '-')} {getattr(args, name)}; expected >= 1"
             )
-    if (
-        args.precision in ("bf16", "fp16")
-        and not torch.cuda.is_available()
-        and args.plugin == "ddp"
-    ):
-        pass  # torch autocast runs on CPU too (slowly)
 
 
 def _peak_bytes(model: Any) -> int:

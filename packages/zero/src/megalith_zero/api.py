@@ -157,8 +157,6 @@ def shard(
             f"megalith_zero: parameters are on {sorted(map(str, devices))}; move the model to one device"
         )
     device = devices.pop()
-    if config.param_dtype != torch.float32 and device.type == "cpu" and config.fp16:
-        pass  # fp16 on CPU works (slowly); allowed for tests and debugging
     with torch.no_grad():
         src = group.global_rank(0)
         for _, p, _ in params:
