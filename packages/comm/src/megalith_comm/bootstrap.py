@@ -12,6 +12,7 @@ The sequence on every rank (all before any collective):
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from collections.abc import Callable
@@ -49,6 +50,7 @@ class World:
     blocked: tuple[str, float] | None = None
     restore_excepthook: Callable[[], None] | None = None
     groups: dict[str, Any] = field(default_factory=dict)  # every ProcessGroup by name
+    failed: bool = False  # an uncaught exception was reported (health.install_excepthook)
 
     def __repr__(self) -> str:
         return (
@@ -162,7 +164,21 @@ def init(
         world.heartbeat = watchdog.Heartbeat(world)
         health.install_excepthook(world)
     _WORLD = world
+    atexit.unregister(_destroy_at_exit)  # once, however often init() and destroy() alternate
+    atexit.register(_destroy_at_exit)
     return world
+
+
+def _destroy_at_exit() -> None:
+    """Leaves cleanly at a normal exit the script did not call destroy() for.
+
+    Without it, Gloo's worker threads outlive the interpreter and a rank can abort
+    ("terminate called without an active exception") after its work is done. After an
+    uncaught exception the rank skips it: peers may be inside a collective it would wait for.
+    """
+    world = _WORLD
+    if world is not None and not world.failed:
+        destroy()
 
 
 def destroy() -> None:

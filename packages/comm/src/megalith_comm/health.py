@@ -207,6 +207,7 @@ def install_excepthook(world: World) -> None:
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
+        world.failed = True
         try:
             report_failure(world, exc)
             previous(exc_type, exc, tb)
