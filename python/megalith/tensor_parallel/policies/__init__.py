@@ -4,8 +4,9 @@
     shard_model(model, group, policy=MyPolicy())   # any other model
 
 Supported: megalith.models GPTLMHeadModel and LlamaForCausalLM; transformers'
-GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and
-Qwen3ForCausalLM. Not yet: encoder models (BERT), encoder-decoders (T5), MoE.
+GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+Qwen3ForCausalLM, BertModel and its Bert* heads (bert.py), T5ForConditionalGeneration,
+T5EncoderModel and the other T5* models (t5.py). Not yet: MoE.
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ from torch import nn
 from megalith_comm import ProcessGroup
 
 from .base import DecoderPolicy, Policy, ShardContext, TPInfo
+from .bert import BertPolicy
 from .gpt2 import GPT2Policy, ParallelGPTAttention
 from .llama import LlamaPolicy
+from .t5 import T5Policy
 
-POLICIES: list[Policy] = [GPT2Policy(), LlamaPolicy()]
+POLICIES: list[Policy] = [GPT2Policy(), LlamaPolicy(), BertPolicy(), T5Policy()]
 
 SUPPORTED = (
     "megalith.models.GPTLMHeadModel, megalith.models.LlamaForCausalLM, transformers "
-    "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
+    "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+    "BertModel, BertForMaskedLM, BertForSequenceClassification (and the other Bert* heads), "
+    "T5ForConditionalGeneration, T5EncoderModel (and the other T5* models)"
 )
 
 
@@ -63,12 +68,14 @@ def shard_model(
 __all__ = [
     "POLICIES",
     "SUPPORTED",
+    "BertPolicy",
     "DecoderPolicy",
     "GPT2Policy",
     "LlamaPolicy",
     "ParallelGPTAttention",
     "Policy",
     "ShardContext",
+    "T5Policy",
     "TPInfo",
     "policy_for",
     "shard_model",
