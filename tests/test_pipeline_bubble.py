@@ -34,7 +34,7 @@ M = {2: 4, 4: 8}  # micro-batches per world size
 
 def timed_step(rank: int, schedule: str):
     pp = comm.get_world().world_size
-    chunks = 2 if schedule == "interleaved" else 1
+    chunks = 2 if schedule in ("interleaved", "zb-v") else 1
     model = models.sleepy(pp * chunks, PASS_S, PASS_S, PASS_S)
     pipe = Pipeline(
         model,

@@ -18,6 +18,8 @@ CASES = [
     Compose("1f1b", "mlp", zero=True),
     Compose("zb-h1", "mixed", zero=True),
     Compose("interleaved", "mlp", zero=True),
+    Compose("zb-v", "gpt2", zero=False),  # tied head: first and last stage both on pp rank 0
+    Compose("zb-v", "mixed", zero=True),
 ]
 
 

@@ -14,6 +14,14 @@ know the list from the activation. Sends are asynchronous (a Gloo send completes
 only once the peer receives, and neighbours send to each other at the same
 time); wait() at the end of the step finishes them. Stages on the same rank hand
 messages over in memory.
+
+[Note: receive in the sender's order] NCCL matches the messages between two
+ranks by their order alone (tags only keep megalith_comm's shape caches apart),
+and interleaved and ZB-V schedules can need a peer's messages in another order
+than the peer sends them. So a rank always receives from a peer in the peer's
+send order, known from the schedule: asked for a message, it first receives (and
+keeps) whatever that peer sent before it. This never waits longer than the
+message asked for would: the peer sent those first. One path for Gloo and NCCL.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import torch
 
 import megalith_comm as comm
 
-from .schedule import Schedule
+from .schedule import BACKWARD, FORWARD, INPUT_GRAD, Schedule
 from .tree import decode_spec, encode_spec, flatten, unflatten
 
 
@@ -40,6 +48,10 @@ class Channels:
         self.rank = group.rank
         self.set_device(device)
         self._local: dict[tuple[int, int], Any] = {}  # (tag, mb) -> message, same-rank stages
+        self._early: dict[tuple[int, int], list[torch.Tensor]] = {}  # received ahead of need
+        self._incoming: dict[int, list[tuple[int, int]]] = {}  # pp rank -> its (tag, mb) to us
+        self._next: dict[int, int] = {}  # pp rank -> index of its next message to receive
+        self._no_grads: set[tuple[int, int]] = set()  # (tag, mb) of gradients that never come
         self._pending: list[comm.Handle] = []
         self.recv_wait_s = 0.0  # time spent blocked in receives this step
         # When each message was posted / waited for and arrived (tag, mb) -> perf_counter
@@ -49,13 +61,33 @@ class Channels:
 
     def set_device(self, device: torch.device) -> None:
         """Where received tensors are allocated (the stages' device)."""
-        if device.type == "cuda" and not self.schedule.in_order_pairs():
-            raise ValueError(
-                f"pipeline: {self.schedule} sends messages to a peer in an order the peer "
-                "receives them differently, and NCCL (CUDA tensors) matches messages by order "
-                "only; use another micro-batch count or schedule"
-            )
         self.device = device
+
+    def begin(self, train: bool) -> None:
+        """Starts a step: what each peer will send this rank, in its order (forward-only
+        steps send no gradients)."""
+        kinds = (FORWARD, BACKWARD, INPUT_GRAD) if train else (FORWARD,)
+        self._incoming = {}
+        for r, order in enumerate(self.schedule.orders):
+            if r == self.rank:
+                continue
+            seq = []
+            for a in order:
+                if a.kind not in kinds:
+                    continue
+                if a.kind == FORWARD:
+                    to, tag = a.stage + 1, 2 * a.stage
+                else:
+                    to, tag = a.stage - 1, 2 * (a.stage - 1) + 1
+                if 0 <= to < self.schedule.num_stages and self.schedule.rank_of(to) == self.rank:
+                    seq.append((tag, a.mb))
+            if seq:
+                self._incoming[r] = seq
+        self._next = dict.fromkeys(self._incoming, 0)
+        self._early.clear()
+        self._no_grads.clear()
+        self.recv_wait_s = 0.0
+        self.sent, self.received = {}, {}
 
     def _peer(self, stage: int) -> int | None:
         """The global rank holding `stage`, or None when it is this rank."""
@@ -78,12 +110,20 @@ class Channels:
         peer = self._peer(stage_from)
         if peer is None:
             return self._local.pop((tag, mb))
-        start = time.perf_counter()
-        message = comm.recv(src=peer, group=self.group, tag=tag, device=self.device)
-        end = time.perf_counter()
-        self.recv_wait_s += end - start
-        self.received[(tag, mb)] = (start, end)
-        return list(message)
+        src = self.schedule.rank_of(stage_from)
+        seq = self._incoming[src]
+        while (tag, mb) not in self._early:  # see [Note: receive in the sender's order]
+            key = seq[self._next[src]]
+            self._next[src] += 1
+            if key in self._no_grads:
+                continue
+            start = time.perf_counter()
+            message = comm.recv(src=peer, group=self.group, tag=key[0], device=self.device)
+            end = time.perf_counter()
+            self.recv_wait_s += end - start
+            self.received[key] = (start, end)
+            self._early[key] = list(message)
+        return self._early.pop((tag, mb))
 
     # -- activations ----------------------------------------------------------
     def send_activation(self, stage: int, mb: int, obj: Any) -> list[torch.Tensor]:
@@ -91,6 +131,8 @@ class Channels:
         tensors, spec = flatten(obj)
         flags = [t.requires_grad for t in tensors]
         message = [t.detach() for t in tensors] + [encode_spec(spec, flags)]
+        if not any(flags):  # stage + 1 will send no gradient back for this mb
+            self._no_grads.add((2 * stage + 1, mb))
         self._send(stage + 1, 2 * stage, mb, message)
         return [t for t, f in zip(tensors, flags) if f]
 
@@ -120,3 +162,4 @@ class Channels:
         for h in pending:
             h.wait()
         self._local.clear()
+        self._early.clear()

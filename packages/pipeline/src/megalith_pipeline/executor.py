@@ -100,13 +100,16 @@ class Executor:
         self._loss: torch.Tensor | None = None
         results: dict[int, Any] = {}
         stats = StepStats(start=time.perf_counter())
-        self.channels.recv_wait_s = 0.0
-        self.channels.sent, self.channels.received = {}, {}
+        self.channels.begin(train)
         with torch.set_grad_enabled(train):
             for i, a in enumerate(order):
-                # Gradients are reduced (by DDP or ZeRO) in the rank's last weight-gradient pass only.
+                # Gradients are reduced (by DDP or ZeRO) in the rank's last weight-gradient pass
+                # only. I passes defer too: a parameter whose gradient autograd cannot leave
+                # for W (nn.MultiheadAttention's fused in_proj bias) accumulates in I.
                 defer = (
-                    no_sync is not None and a.kind in (BACKWARD, WEIGHT_GRAD) and i != last_weight
+                    no_sync is not None
+                    and a.kind in (BACKWARD, INPUT_GRAD, WEIGHT_GRAD)
+                    and i != last_weight
                 )
                 with no_sync() if defer else contextlib.nullcontext():
                     t0, t1 = self._pass(a)

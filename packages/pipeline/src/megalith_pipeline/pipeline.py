@@ -41,7 +41,7 @@ class Pipeline:
     model: an nn.Sequential, a list of modules, PipelineParts, a model with
         pipeline_parts(), or a GPT-2/Llama layout (parts.py).
     num_microbatches: micro-batches per step; the batch is cut along dimension 0.
-    schedule: "gpipe", "1f1b", "interleaved", "zb-h1", or a Schedule.
+    schedule: "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", or a Schedule.
     chunks: virtual stages per rank (interleaved only; default 2 there).
     mesh, pp_axis, dp_axis: the device mesh; pp_axis carries the pipeline, and
         gradients are averaged over dp_axis after each step (unless no_sync is

@@ -74,37 +74,6 @@ class Schedule:
         """The rank that computes the loss."""
         return self.placement[-1]
 
-    def messages(self) -> tuple[dict, dict]:
-        """({(src, dst): [message...]} in the order src sends them, the same keyed in the
-        order dst receives them); a message is ("act" | "grad", sending stage, mb)."""
-        sent: dict[tuple[int, int], list] = {}
-        received: dict[tuple[int, int], list] = {}
-        last = self.num_stages - 1
-        for r, order in enumerate(self.orders):
-            for a in order:
-                s = a.stage
-                if a.kind == FORWARD:
-                    if s > 0 and self.rank_of(s - 1) != r:
-                        received.setdefault((self.rank_of(s - 1), r), []).append(
-                            ("act", s - 1, a.mb)
-                        )
-                    if s < last and self.rank_of(s + 1) != r:
-                        sent.setdefault((r, self.rank_of(s + 1)), []).append(("act", s, a.mb))
-                elif a.kind in (BACKWARD, INPUT_GRAD):
-                    if s < last and self.rank_of(s + 1) != r:
-                        received.setdefault((self.rank_of(s + 1), r), []).append(
-                            ("grad", s + 1, a.mb)
-                        )
-                    if s > 0 and self.rank_of(s - 1) != r:
-                        sent.setdefault((r, self.rank_of(s - 1)), []).append(("grad", s, a.mb))
-        return sent, received
-
-    def in_order_pairs(self) -> bool:
-        """Whether every rank receives from each peer in the order that peer sends: what a
-        transport without tags (NCCL) needs. Gloo matches by tag and does not."""
-        sent, received = self.messages()
-        return all(sent.get(k, []) == received.get(k, []) for k in set(sent) | set(received))
-
     def __str__(self) -> str:
         return (
             f"{self.name} (pp {self.pp}, {self.num_microbatches} micro-batches, "

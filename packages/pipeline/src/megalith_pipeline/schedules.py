@@ -1,7 +1,8 @@
-"""The schedules: GPipe, 1F1B, interleaved 1F1B and zero-bubble (ZB-H1), by name.
+"""The schedules: GPipe, 1F1B, interleaved 1F1B and zero-bubble (ZB-H1, ZB-V), by name.
 
     make_schedule("1f1b", pp=4, num_microbatches=8)
     make_schedule("interleaved", pp=4, num_microbatches=8, chunks=2)
+    make_schedule("zb-v", pp=4, num_microbatches=8)  # two chunks per rank, in a V
 
 Micro-batches run in ascending order through every stage, in forward and in
 backward, so the messages of one (stage, direction) channel are sent and received
@@ -17,9 +18,19 @@ from collections.abc import Callable
 from .schedule import BACKWARD, FORWARD, Action, Schedule, check_counts, interleaved_placement
 from .simulator import simulate
 from .zero_bubble import zb_h1_orders
+from .zero_bubble_v import v_placement, zb_v_orders
 
-NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1")
-_ALIASES = {"interleaved-1f1b": "interleaved", "zbh1": "zb-h1", "zero-bubble": "zb-h1"}
+NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
+_ALIASES = {
+    "interleaved-1f1b": "interleaved",
+    "zbh1": "zb-h1",
+    "zero-bubble": "zb-h1",
+    "zbv": "zb-v",
+    "zero-bubble-v": "zb-v",
+}
+# Virtual stages per rank each schedule runs (None: any, default 2).
+_CHUNKS = {"gpipe": 1, "1f1b": 1, "zb-h1": 1, "zb-v": 2, "interleaved": None}
+_STAGES = {1: "one stage", 2: "two stages"}
 
 
 def _merge_1f1b(forwards: list[Action], backwards: list[Action], warmup: int) -> list[Action]:
@@ -104,31 +115,33 @@ def canonical_name(name: str) -> str:
 def make_schedule(name: str, pp: int, num_microbatches: int, chunks: int | None = None) -> Schedule:
     """The named schedule for pp ranks and num_microbatches micro-batches.
 
-    chunks: virtual stages per rank; only 'interleaved' takes more than one
-    (default 2 there, 1 elsewhere). Raises ValueError naming the numbers for
-    counts the schedule cannot run.
+    chunks: virtual stages per rank; 'interleaved' takes any (default 2), 'zb-v'
+    exactly 2, the others 1. Raises ValueError naming the numbers for counts the
+    schedule cannot run.
     """
     key = canonical_name(name)
+    fixed = _CHUNKS[key]
     if chunks is None:
-        chunks = 2 if key == "interleaved" else 1
+        chunks = 2 if fixed is None else fixed
     check_counts(key, pp, num_microbatches, chunks)
-    if key != "interleaved" and chunks != 1:
+    if fixed is not None and chunks != fixed:
         raise ValueError(
-            f"schedule {key!r} runs one stage per rank, got chunks={chunks}; "
-            "use schedule='interleaved' for several virtual stages per rank"
+            f"schedule {key!r} runs {_STAGES[fixed]} per rank, got chunks={chunks}; "
+            "use schedule='interleaved' for any number of virtual stages per rank"
         )
     builders: dict[str, Callable[[], list[list[Action]]]] = {
         "gpipe": lambda: gpipe_orders(pp, num_microbatches),
         "1f1b": lambda: one_f_one_b_orders(pp, num_microbatches),
         "interleaved": lambda: interleaved_orders(pp, num_microbatches, chunks),
         "zb-h1": lambda: zb_h1_orders(pp, num_microbatches),
+        "zb-v": lambda: zb_v_orders(pp, num_microbatches),
     }
     schedule = Schedule(
         name=key,
         pp=pp,
         num_microbatches=num_microbatches,
         chunks=chunks,
-        placement=interleaved_placement(pp, chunks),
+        placement=v_placement(pp) if key == "zb-v" else interleaved_placement(pp, chunks),
         orders=tuple(tuple(o) for o in builders[key]()),
     )
     simulate(schedule)  # raises ScheduleDeadlock naming the stuck passes
