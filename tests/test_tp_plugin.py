@@ -1,4 +1,4 @@
-"""HybridParallelPlugin (tp 2 x dp 2) trains as the unsharded model: zero_stage 0 and 1,
+"""HybridParallelPlugin (tp 2 x dp 2) trains as the unsharded model: zero_stage 0, 1 and 2,
 sequence parallelism, clipping, gradient accumulation under no_sync; bad settings fail
 at construction."""
 
@@ -20,6 +20,8 @@ CASES = [
     PluginCase(zero_stage=1, sp=True),
     PluginCase(precision="bf16", sp=True),
     PluginCase(zero_stage=1, precision="bf16"),
+    PluginCase(zero_stage=2, steps=3),  # gradients reduce-scattered over dp
+    PluginCase(zero_stage=2, precision="bf16", sp=True),
     BadPluginCase(),
     DropoutCase(),
     PluginCase(tp=1, sp=True, sp_size=2),  # all_to_all: dp 2 x sp 2
@@ -42,7 +44,7 @@ def test_hybrid_plugin_matches_unsharded():
     ("kwargs", "needle"),
     [
         (dict(tp_size=2, pp_size=2), "pp_size=2"),
-        (dict(tp_size=2, zero_stage=2), "zero_stage=2"),
+        (dict(tp_size=2, zero_stage=3), "zero_stage=3"),
         (
             dict(
                 tp_size=2, enable_sequence_parallelism=True, sequence_parallelism_mode="all_to_all"

@@ -29,6 +29,8 @@ class PluginCase:
     steps: int = 2
 
     def run(self, rank: int) -> tuple[list[str], float]:
+        import megalith_comm as comm
+
         start = time.perf_counter()
         model_case = ModelCase("megalith", self.family)
         ref = build(model_case)
@@ -48,11 +50,19 @@ class PluginCase:
         dp_rank, dp = plugin.dp_rank_size
         gen = torch.Generator().manual_seed(5)
         errors: list[str] = []
+        losses: list[float] = []
+        # bf16: the weights after a few steps agree within what bf16 compute allows.
+        tol = 1e-5 if self.precision == "fp32" else 2e-2
         for _ in range(self.steps):
             for micro in range(self.accumulate):
                 ids = torch.randint(0, VOCAB, (2 * dp, SEQ), generator=gen)
-                (loss_of(ref, ids, model_case, None) / self.accumulate).backward()
+                ref_loss = loss_of(ref, ids, model_case, None) / self.accumulate
+                ref_loss.backward()
                 loss = loss_of(model, ids.chunk(dp)[dp_rank], model_case, None) / self.accumulate
+                mean = loss.detach().float().clone()  # equal-sized dp chunks: mean of means
+                comm.all_reduce(mean, op="avg", group=plugin.mesh.group("dp"))
+                check(errors, f"loss {len(losses)}", mean, ref_loss.detach(), tol)
+                losses.append(float(mean))
                 if micro < self.accumulate - 1:
                     with plugin.no_sync(model, opt):
                         opt.backward(loss)
@@ -66,8 +76,6 @@ class PluginCase:
             opt.zero_grad()
         ref_params = dict(ref.named_parameters())
         tp_group = plugin.mesh.group("tp")
-        # bf16: the weights after a few steps agree within what bf16 compute allows.
-        tol = 1e-5 if self.precision == "fp32" else 2e-2
         for name, p in model.unwrap().named_parameters():
             full, want = gather_full(p, tp_group), ref_params[name].detach()
             keep = exact_entries(name, want)

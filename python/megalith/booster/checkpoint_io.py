@@ -6,6 +6,11 @@ reads). Optimizer: optimizer.json plus "<param name>::<state>" tensors (see
 megalith_zero.full_optimizer). Scheduler: its state_dict as JSON. Nothing is
 pickled, and since nothing depends on the world size or the plugin, a checkpoint
 written under one loads under another.
+
+A tensor-parallel model's shards (parameters and optimizer states) are gathered
+over the tp group to the full tensors, one at a time as the writer takes them,
+and on loading each rank takes its shard (ShardSpec.take); under ZeRO the same
+is done chunk by chunk in tp_zero_io.py. So tp 2 files load at tp 1 and back.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 import torch
 
+from . import tp_zero_io
 from .plugin.base import require, world
 from .plugin.zero import ZeroModelWrapper, ZeroOptimizerWrapper
 
@@ -44,18 +50,10 @@ def _named_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _tensor_parallel(model: Any, what: str) -> bool:
-    """True for a tensor-parallel model (its shards are gathered to full tensors);
-    refuses the combinations whose files would not be right yet."""
-    if getattr(model.unwrap(), "tp_info", None) is None:
-        return False
-    if isinstance(model, ZeroModelWrapper) or what == "optimizer":
-        raise NotImplementedError(
-            f"saving or loading the {what} of a tensor-parallel model "
-            f"{'under ZeRO ' if isinstance(model, ZeroModelWrapper) else ''}is not implemented yet: "
-            "use HybridParallelPlugin(zero_stage=0) and save the model only"
-        )
-    return True
+def _tensor_parallel(model: Any) -> bool:
+    """True for a tensor-parallel model: its files hold the full tensors, gathered over
+    the tp group (and under ZeRO over dp: tp_zero_io.py)."""
+    return getattr(model.unwrap(), "tp_info", None) is not None
 
 
 def _tp_full_state(raw: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -77,11 +75,13 @@ def save_model(model: Any, checkpoint: str, shard: bool, size_per_shard: int) ->
     target = path if shard else Path(tempfile.mkdtemp(prefix=".save-", dir=path.parent or "."))
     rank0 = world().rank == 0
     try:
-        if isinstance(model, ZeroModelWrapper) and not _tensor_parallel(model, "model"):
+        if isinstance(model, ZeroModelWrapper) and _tensor_parallel(model):
+            tp_zero_io.save_model(model.module, target, max_bytes)
+        elif isinstance(model, ZeroModelWrapper):
             zero.save_full(model.module, target, max_shard_bytes=max_bytes)
         else:
             raw = model.unwrap()
-            state = _tp_full_state(raw) if _tensor_parallel(model, "model") else _named_state(raw)
+            state = _tp_full_state(raw) if _tensor_parallel(model) else _named_state(raw)
             tensors = {k: v.cpu() for k, v in state.items()}
             plan = [(k, t.numel() * t.element_size()) for k, t in tensors.items()]
             out = zero.files.StreamedFiles(target, "model", plan, max_bytes, write=rank0)
@@ -112,7 +112,10 @@ def load_model(model: Any, checkpoint: str, strict: bool = True) -> None:
             return load_model(model, str(tmp), strict)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    if _tensor_parallel(model, "model"):
+    if isinstance(model, ZeroModelWrapper) and _tensor_parallel(model):
+        tp_zero_io.load_model(model.module, path)
+        return None
+    if _tensor_parallel(model):
         from megalith.tensor_parallel.state import load_full_state_dict
 
         raw = model.unwrap()
@@ -157,42 +160,59 @@ def _kind(optim: torch.optim.Optimizer) -> str:
     raise ValueError(f"saving {name}: megalith checkpoints hold Adam/AdamW, SGD or Lion states")
 
 
-def _refuse_tp_optimizer(optimizer: Any) -> None:
-    model = getattr(optimizer, "model", None) or getattr(
-        getattr(optimizer, "optim", None), "model", None
-    )
-    if model is not None and hasattr(model, "unwrap"):
-        _tensor_parallel(model, "optimizer")
-    elif model is not None and getattr(getattr(model, "module", None), "tp_info", None) is not None:
-        _tensor_parallel(ZeroModelWrapper(model), "optimizer")
+def _tp_group(optimizer: Any) -> Any:
+    """The tensor-parallel group of a boosted optimizer's model, or None."""
+    model = getattr(optimizer, "model", None)
+    info = getattr(model.unwrap(), "tp_info", None) if model is not None else None
+    return info.group if info is not None else None
+
+
+def _full(t: torch.Tensor, p: torch.Tensor, tp: Any) -> torch.Tensor:
+    """The full fp32 state of parameter p from this rank's piece t (gathered over tp)."""
+    from megalith.tensor_parallel.state import gather_full
+
+    t = t.detach().float()
+    spec = getattr(p, "tp_spec", None)
+    return (gather_full(t, tp, spec) if spec is not None else t).cpu()
+
+
+def _local(full: torch.Tensor, spec: Any, tp: Any) -> torch.Tensor:
+    """This rank's tp shard of a full state (the tensor itself for a replicated parameter)."""
+    return spec.take(full, tp.rank, tp.size) if spec is not None else full
 
 
 def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard: int) -> None:
+    """Collective; rank 0 writes. A tensor-parallel model's states are gathered over the
+    tp group one tensor at a time as the writer takes them (never all at once)."""
     zero = _zero()
-    _refuse_tp_optimizer(optimizer)
     path = Path(checkpoint)
     max_bytes = size_per_shard << 20 if shard else 1 << 62
     if isinstance(optimizer, ZeroOptimizerWrapper):
         zopt = optimizer.optim
-        zero.save_full_optimizer(zopt.model, zopt, path, max_shard_bytes=max_bytes)
+        if getattr(zopt.model.module, "tp_info", None) is not None:
+            tp_zero_io.save_optimizer(zopt, path, max_bytes)
+        else:
+            zero.save_full_optimizer(zopt.model, zopt, path, max_shard_bytes=max_bytes)
         return
     optim = optimizer.optim
+    tp = _tp_group(optimizer)
     names = {id(p): n for n, p in optimizer.model.unwrap().named_parameters()}
-    params, plan, tensors = {}, [], {}
+    params, plan, work = {}, [], []
     for gi, g in enumerate(optim.param_groups):
         for p in g["params"]:
             state = optim.state.get(p, {})
             step = int(state["step"]) if "step" in state else (1 if state else 0)
             params[names[id(p)]] = {"group": gi, "step": step}
+            parts = tp.size if tp is not None and hasattr(p, "tp_spec") else 1
             for k, v in state.items():
                 if k != "step" and torch.is_tensor(v):
                     key = f"{names[id(p)]}{SEP}{k}"
-                    tensors[key] = v.detach().float().cpu()
-                    plan.append((key, v.numel() * 4))
+                    work.append((key, v, p))
+                    plan.append((key, v.numel() * 4 * parts))
     rank0 = world().rank == 0
     out = zero.files.StreamedFiles(path, "optimizer", plan, max_bytes, write=rank0)
-    for k, t in tensors.items():
-        out.add(k, t)
+    for key, v, p in work:
+        out.add(key, _full(v, p, tp))
     out.finish()
     if rank0:
         scaler = getattr(optimizer, "scaler", None)
@@ -212,12 +232,15 @@ def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard:
 
 
 def load_optimizer(optimizer: Any, checkpoint: str) -> None:
+    """A tensor-parallel model's ranks each take their shard of every full state."""
     zero = _zero()
-    _refuse_tp_optimizer(optimizer)
     path = Path(checkpoint)
     if isinstance(optimizer, ZeroOptimizerWrapper):
         zopt = optimizer.optim
-        zero.load_full_optimizer(zopt.model, zopt, path)
+        if getattr(zopt.model.module, "tp_info", None) is not None:
+            tp_zero_io.load_optimizer(zopt, path)
+        else:
+            zero.load_full_optimizer(zopt.model, zopt, path)
         return
     meta = zero.full_optimizer.read_meta(path)
     optim = optimizer.optim
@@ -225,6 +248,7 @@ def load_optimizer(optimizer: Any, checkpoint: str) -> None:
         raise ValueError(
             f"{path} holds {meta['kind']} states but the optimizer is {type(optim).__name__}"
         )
+    tp = _tp_group(optimizer)
     names = {id(p): n for n, p in optimizer.model.unwrap().named_parameters()}
     state: dict[int, dict[str, Any]] = {}
     groups = []
@@ -235,8 +259,9 @@ def load_optimizer(optimizer: Any, checkpoint: str) -> None:
             for p in g["params"]:
                 name = names[id(p)]
                 saved = meta["params"].get(name, {"step": 0})
+                spec = getattr(p, "tp_spec", None) if tp is not None else None
                 entry = {
-                    k.split(SEP, 1)[1]: reader.get(k).to(p.device)
+                    k.split(SEP, 1)[1]: _local(reader.get(k), spec, tp).to(p.device)
                     for k in reader.keys()
                     if k.startswith(name + SEP)
                 }

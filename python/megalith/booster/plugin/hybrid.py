@@ -1,8 +1,8 @@
 """HybridParallelPlugin: tensor (and sequence) parallelism composed with data parallelism.
 
 ColossalAI's argument names where they mean the same. What runs today: tp_size
-any divisor of the world size, pp_size=1, zero_stage 0 or 1, precision fp32 or
-bf16, enable_sequence_parallelism with sequence_parallelism_mode="split_gather"
+any divisor of the world size, pp_size=1, zero_stage 0, 1 or 2, precision fp32
+or bf16, enable_sequence_parallelism with sequence_parallelism_mode="split_gather"
 (over the tp group) or "all_to_all" (Ulysses, tp_size=1 and sp_size >= 2,
 megalith.models only), custom_policy. Other values fail at construction with
 what is missing.
@@ -20,8 +20,15 @@ Composition (one place, fixed order):
      replicas drift apart (the masks of different heads, or sequence shards, are
      then drawn alike: correlated, not wrong);
   4. data parallel over the dp axis: zero_stage 0 averages gradients after
-     backward; zero_stage 1 hands the sharded model to megalith_zero over the
-     dp axis of the same mesh (optimizer states sharded, gradients all-reduced).
+     backward; zero_stage 1 and 2 hand the sharded model to megalith_zero over the
+     dp axis of the same mesh (optimizer states sharded; gradients all-reduced at
+     stage 1, reduce-scattered at stage 2). ZeRO's chunks hold this rank's tp
+     shards, so its dp shards are shards of shards.
+
+Checkpoints (Booster.save_model / save_optimizer) are layout-free at every
+zero_stage: full, unsharded tensors and optimizer states keyed by parameter name,
+gathered over tp (and dp under ZeRO) and written by rank 0 one parameter at a
+time (see checkpoint_io.py and tp_zero_io.py); they load under any tp size or plugin.
 """
 
 from __future__ import annotations
@@ -149,10 +156,10 @@ class HybridParallelPlugin(Plugin):
                 "plugin is not built yet (pp_size=1 only). megalith_pipeline runs pipelines "
                 "on its own meanwhile"
             )
-        if zero_stage not in (0, 1):
+        if zero_stage not in (0, 1, 2):
             raise ValueError(
-                f"HybridParallelPlugin: zero_stage={zero_stage}; 0 or 1 for now (stage 2 with "
-                "tensor parallelism is not built yet)"
+                f"HybridParallelPlugin: zero_stage={zero_stage}; 0, 1 or 2 (stage 3 with "
+                "tensor parallelism is not built yet: GeminiPlugin runs stage 3 without tp)"
             )
         mode = (
             (sequence_parallelism_mode or "split_gather") if enable_sequence_parallelism else None
@@ -249,24 +256,26 @@ class HybridParallelPlugin(Plugin):
             for p in model.parameters():
                 comm.broadcast(p.data, src=dp_group.global_rank(0), group=dp_group)
         _share_rng(self.mesh.group("tp"))
-        if self.zero_stage == 1:
+        if self.zero_stage in (1, 2):
             return self._zero(model, optimizer, criterion, dataloader, lr_scheduler)
         wrapped = HybridModel(model, self.precision, self.mesh)
         opt = HybridOptimizer(optimizer, wrapped, self.max_norm) if optimizer else None
         return wrapped, opt, criterion, dataloader, lr_scheduler
 
     def _zero(self, model, optimizer, criterion, dataloader, lr_scheduler):
-        zero = require("megalith_zero", "megalith-zero", "HybridParallelPlugin(zero_stage=1)")
+        stage = self.zero_stage
+        what = f"HybridParallelPlugin(zero_stage={stage})"
+        zero = require("megalith_zero", "megalith-zero", what)
         from .zero import ZeroModelWrapper, ZeroOptimizerWrapper
 
         if optimizer is None:
-            raise ValueError("HybridParallelPlugin(zero_stage=1): boost() needs the optimizer")
+            raise ValueError(f"{what}: boost() needs the optimizer")
         if self.max_norm > 0 and self.tp_size > 1:
             raise NotImplementedError(
-                "HybridParallelPlugin: max_norm with zero_stage=1 and tp_size > 1 is not built "
-                "yet (megalith_zero's norm does not know about tp shards); use zero_stage=0"
+                f"HybridParallelPlugin: max_norm with zero_stage={stage} and tp_size > 1 is not "
+                "built yet (megalith_zero's norm does not know about tp shards); use zero_stage=0"
             )
-        config = zero.ZeroConfig(stage=1, precision=self.precision)
+        config = zero.ZeroConfig(stage=stage, precision=self.precision)
         zmodel, zopt = zero.shard(model, optimizer, config, mesh=self.mesh, axis="dp")
         return (
             ZeroModelWrapper(zmodel),
