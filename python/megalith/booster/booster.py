@@ -80,12 +80,34 @@ class Booster:
     ) -> contextlib.AbstractContextManager:
         return self.plugin.no_sync(model, optimizer)
 
-    def execute_pipeline(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(
-            "Booster.execute_pipeline needs a pipeline plugin (HybridParallelPlugin with pp_size > 1), "
-            "which megalith does not have yet; the TorchDDP, LowLevelZero and Gemini plugins run a step "
-            "with model(...), booster.backward(loss, optimizer) and optimizer.step()"
-        )
+    def execute_pipeline(
+        self,
+        data_iter: Any,
+        model: Any,
+        criterion: Callable,
+        optimizer: Any = None,
+        return_loss: bool = True,
+        return_outputs: bool = False,
+    ) -> dict[str, Any]:
+        """One training step of a pipelined model (HybridParallelPlugin with pp_size > 1):
+        takes the next batch of data_iter, runs every micro-batch's forward and backward
+        in the schedule's order; then call optimizer.step(). criterion(outputs, micro_batch)
+        as ColossalAI calls it. Returns {"loss": the batch's loss on every rank (or None),
+        "outputs": None}."""
+        run = getattr(self.plugin, "execute_pipeline", None)
+        if run is None:
+            raise NotImplementedError(
+                f"Booster.execute_pipeline needs a pipeline plugin (HybridParallelPlugin with "
+                f"pp_size > 1), not {type(self.plugin).__name__}: run a step with model(...), "
+                "booster.backward(loss, optimizer) and optimizer.step()"
+            )
+        if return_outputs:
+            raise NotImplementedError(
+                "execute_pipeline(return_outputs=True): the last stage's outputs are not "
+                "gathered yet; use return_loss"
+            )
+        loss = run(data_iter, model, criterion, optimizer)
+        return {"loss": loss if return_loss else None, "outputs": None}
 
     # -- checkpoints ----------------------------------------------------------
     def save_model(

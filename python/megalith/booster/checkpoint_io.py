@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
-from . import tp_zero_io
+from . import pipeline_io, tp_zero_io
 from .plugin.base import require, world
+from .plugin.hybrid_pipeline import PipelineModel
 from .plugin.zero import ZeroModelWrapper, ZeroOptimizerWrapper
 
 SEP = "::"
@@ -53,7 +54,8 @@ def _named_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _tensor_parallel(model: Any) -> bool:
     """True for a tensor-parallel model: its files hold the full tensors, gathered over
     the tp group (and under ZeRO over dp: tp_zero_io.py)."""
-    return getattr(model.unwrap(), "tp_info", None) is not None
+    raw = model.whole if isinstance(model, PipelineModel) else model.unwrap()
+    return getattr(raw, "tp_info", None) is not None
 
 
 def _tp_full_state(raw: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -81,7 +83,12 @@ def save_model(model: Any, checkpoint: str, shard: bool, size_per_shard: int) ->
             zero.save_full(model.module, target, max_shard_bytes=max_bytes)
         else:
             raw = model.unwrap()
-            state = _tp_full_state(raw) if _tensor_parallel(model) else _named_state(raw)
+            if isinstance(model, PipelineModel):
+                raw = model.whole
+                state = _tp_full_state(raw) if _tensor_parallel(model) else _named_state(raw)
+                state = pipeline_io.full_state(model, state)
+            else:
+                state = _tp_full_state(raw) if _tensor_parallel(model) else _named_state(raw)
             tensors = {k: v.cpu() for k, v in state.items()}
             plan = [(k, t.numel() * t.element_size()) for k, t in tensors.items()]
             out = zero.files.StreamedFiles(target, "model", plan, max_bytes, write=rank0)
@@ -89,7 +96,7 @@ def save_model(model: Any, checkpoint: str, shard: bool, size_per_shard: int) ->
                 out.add(k, t)
             out.finish()
             _barrier()
-        raw = model.unwrap()
+        raw = model.whole if isinstance(model, PipelineModel) else model.unwrap()
         if (
             shard and rank0 and hasattr(raw, "to_hf_config")
         ):  # transformers' from_pretrained reads it
@@ -118,24 +125,33 @@ def load_model(model: Any, checkpoint: str, strict: bool = True) -> None:
     if _tensor_parallel(model):
         from megalith.tensor_parallel.state import load_full_state_dict
 
-        raw = model.unwrap()
+        pipelined = isinstance(model, PipelineModel)
+        raw = model.whole if pipelined else model.unwrap()
+        wanted = pipeline_io.local_names(model) if pipelined else None
         names: dict[int, list[str]] = {}
         for name, t in raw.state_dict(keep_vars=True).items():
-            names.setdefault(id(t), []).append(name)
+            if wanted is None or name in wanted:
+                names.setdefault(id(t), []).append(name)
         with zero.files.TensorReader(path, "model") as reader:
             state = {}
             for aliases in names.values():  # a tied tensor is in the files under one of its names
                 stored = next((n for n in aliases if reader.has(n)), None)
                 if stored is not None:
                     state.update({n: reader.get(stored) for n in aliases})
-        load_full_state_dict(raw, state, strict=strict)
+        missing = [n for aliases in names.values() for n in aliases if n not in state]
+        if missing and strict:
+            raise KeyError(f"{path}: missing {missing[:5]}: a checkpoint of another model?")
+        load_full_state_dict(raw, state, strict=strict and not pipelined)
         return None
     if isinstance(model, ZeroModelWrapper):
         zero.load_full(model.module, model.module.optimizer, path)
         return None
-    module = model.unwrap()
+    module = model.whole if isinstance(model, PipelineModel) else model.unwrap()
     with zero.files.TensorReader(path, "model") as reader, torch.no_grad():
         want = _named_state(module)
+        if isinstance(model, PipelineModel):  # this rank's stages only
+            mine = pipeline_io.local_names(model)
+            want = {k: t for k, t in want.items() if k in mine}
         missing = [k for k in want if not reader.has(k)]
         if missing and strict:
             raise KeyError(
@@ -181,9 +197,18 @@ def _local(full: torch.Tensor, spec: Any, tp: Any) -> torch.Tensor:
     return spec.take(full, tp.rank, tp.size) if spec is not None else full
 
 
+def _refuse_pipelined(optimizer: Any, what: str) -> None:
+    if getattr(optimizer, "pipelined", False):
+        raise NotImplementedError(
+            f"Booster.{what}: optimizer files of a pipelined model (pp_size > 1) are not built "
+            "yet; save_model works, and the optimizer restarts from its defaults"
+        )
+
+
 def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard: int) -> None:
     """Collective; rank 0 writes. A tensor-parallel model's states are gathered over the
     tp group one tensor at a time as the writer takes them (never all at once)."""
+    _refuse_pipelined(optimizer, "save_optimizer")
     zero = _zero()
     path = Path(checkpoint)
     max_bytes = size_per_shard << 20 if shard else 1 << 62
@@ -233,6 +258,7 @@ def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard:
 
 def load_optimizer(optimizer: Any, checkpoint: str) -> None:
     """A tensor-parallel model's ranks each take their shard of every full state."""
+    _refuse_pipelined(optimizer, "load_optimizer")
     zero = _zero()
     path = Path(checkpoint)
     if isinstance(optimizer, ZeroOptimizerWrapper):

@@ -119,6 +119,22 @@ class Pipeline:
         self.executor = Executor(schedule, self.rank, self.stages, self.channels, loss_fn)
         self.last_stats: StepStats | None = None
 
+    def set_num_microbatches(self, num_microbatches: int) -> None:
+        """Runs later steps with another micro-batch count (same schedule kind, same stages:
+        stage placement does not depend on the count). Raises naming the numbers, before
+        any communication, for a count the schedule cannot run."""
+        if num_microbatches == self.num_microbatches:
+            return
+        s = self.schedule
+        schedule = make_schedule(s.name, s.pp, num_microbatches, s.chunks)
+        if schedule.placement != s.placement:  # a custom Schedule's own placement
+            raise ValueError(
+                f"Pipeline: {s} cannot change its micro-batch count; build a new Pipeline"
+            )
+        self.schedule, self.num_microbatches = schedule, num_microbatches
+        self.channels = Channels(schedule, self.group, self._device())
+        self.executor = Executor(schedule, self.rank, self.stages, self.channels, self.loss_fn)
+
     def _device(self) -> torch.device:
         """Where this rank's stages compute (their parameters may be materialised late)."""
         devices = {p.device for p in self.module.parameters() if p.device.type != "meta"}

@@ -42,6 +42,7 @@ import torch
 
 from ..wrappers import ModelWrapper, OptimizerWrapper
 from .base import Plugin, check_precision, require, world
+from .hybrid_pipeline import PipelineModel, PipelineSettings, pipeline_grad_norm
 
 _DTYPE = {"bf16": torch.bfloat16}
 
@@ -106,13 +107,16 @@ class HybridOptimizer(OptimizerWrapper):
             raise ValueError(f"HybridParallelPlugin clips by the L2 norm only, not {norm_type}")
         self._clipped = True
         params = self._params()
-        norm = tp_grad_norm(params, self.model.mesh.group("tp"))
+        norm = self._grad_norm(params)
         coef = max_norm / (norm + 1e-6)
         if coef < 1.0:
             for p in params:
                 if p.grad is not None:
                     p.grad.mul_(coef)
         return norm
+
+    def _grad_norm(self, params: list[torch.nn.Parameter]) -> float:
+        return tp_grad_norm(params, self.model.mesh.group("tp"))
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
         if self.max_norm > 0 and not self._clipped:
@@ -130,6 +134,22 @@ class HybridOptimizer(OptimizerWrapper):
             self._sync = True
 
 
+class PipelineOptimizer(HybridOptimizer):
+    """pp_size > 1: the pipeline runs backward (execute_pipeline) and averages over dp;
+    clipping spans tp shards and stages."""
+
+    pipelined = True  # checkpoint_io: no optimizer files for stages yet
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(
+            "HybridParallelPlugin with pp_size > 1: backward runs inside "
+            "booster.execute_pipeline(data_iter, model, criterion, optimizer)"
+        )
+
+    def _grad_norm(self, params: list[torch.nn.Parameter]) -> float:
+        return pipeline_grad_norm(self.model, params)
+
+
 class HybridParallelPlugin(Plugin):
     def __init__(
         self,
@@ -144,17 +164,32 @@ class HybridParallelPlugin(Plugin):
         max_norm: float = 0.0,
         num_microbatches: int | None = None,
         microbatch_size: int | None = None,
+        pp_style: str = "1f1b",
+        num_model_chunks: int = 1,
         enable_all_optimization: bool = False,
         **unsupported: Any,
     ) -> None:
         super().__init__()
         if not isinstance(tp_size, int) or tp_size < 1:
             raise ValueError(f"HybridParallelPlugin: tp_size must be an int >= 1, got {tp_size!r}")
-        if pp_size != 1 or num_microbatches or microbatch_size:
+        self.pipeline = PipelineSettings.check(
+            pp_size, pp_style, num_model_chunks, num_microbatches, microbatch_size
+        )
+        self.pp_size = pp_size
+        if pp_size > 1 and zero_stage not in (0, 1):
+            raise ValueError(
+                f"HybridParallelPlugin: zero_stage={zero_stage} with pp_size={pp_size}; 0 or 1 "
+                "under a pipeline (stage 2 would reduce-scatter in every micro-batch's backward)"
+            )
+        if pp_size > 1 and zero_stage and max_norm > 0:
             raise NotImplementedError(
-                f"HybridParallelPlugin: pp_size={pp_size}; pipeline parallelism inside this "
-                "plugin is not built yet (pp_size=1 only). megalith_pipeline runs pipelines "
-                "on its own meanwhile"
+                "HybridParallelPlugin: max_norm with zero_stage=1 and pp_size > 1 is not built "
+                "yet (megalith_zero's norm does not span the stages); use zero_stage=0"
+            )
+        if pp_size > 1 and sequence_parallelism_mode == "all_to_all":
+            raise NotImplementedError(
+                "HybridParallelPlugin: all_to_all sequence parallelism with pp_size > 1 is not "
+                "built yet; use sequence_parallelism_mode='split_gather'"
             )
         if zero_stage not in (0, 1, 2):
             raise ValueError(
@@ -208,20 +243,20 @@ class HybridParallelPlugin(Plugin):
 
     def _dp(self) -> int:
         w = world()
-        inner = self.tp_size * self.sp_size
+        inner = self.tp_size * self.sp_size * self.pp_size
         if w.world_size % inner:
             raise ValueError(
                 f"HybridParallelPlugin: world size {w.world_size} is not divisible by "
-                f"tp_size {self.tp_size} * sp_size {self.sp_size} = {inner}; dp = world size / "
-                f"{inner} must be whole"
+                f"tp_size {self.tp_size} * sp_size {self.sp_size} * pp_size {self.pp_size} = "
+                f"{inner}; dp = world size / {inner} must be whole"
             )
         return w.world_size // inner
 
     @property
     def dp_rank_size(self) -> tuple[int, int]:
         dp = self._dp()
-        # mesh order (dp, sp, tp): tp fastest
-        return world().rank // (self.tp_size * self.sp_size), dp
+        # mesh order (pp, dp, sp, tp): tp fastest
+        return world().rank // (self.tp_size * self.sp_size) % dp, dp
 
     def configure(self, model, optimizer, criterion, dataloader, lr_scheduler):
         import megalith_comm as comm
@@ -242,7 +277,12 @@ class HybridParallelPlugin(Plugin):
             )
         model = model.to(w.device)
         before = {id(p): name for name, p in model.named_parameters()}
-        self.mesh = comm.Mesh(w, dp=dp, sp=self.sp_size, tp=self.tp_size, name="hybrid")
+        if self.pp_size > 1:
+            self.mesh = comm.Mesh(
+                w, pp=self.pp_size, dp=dp, sp=self.sp_size, tp=self.tp_size, name="hybrid"
+            )
+        else:
+            self.mesh = comm.Mesh(w, dp=dp, sp=self.sp_size, tp=self.tp_size, name="hybrid")
         if self.tp_size > 1:
             shard_model(
                 model, self.mesh.group("tp"), sequence_parallel=self.sequence_parallel,
@@ -256,6 +296,8 @@ class HybridParallelPlugin(Plugin):
             for p in model.parameters():
                 comm.broadcast(p.data, src=dp_group.global_rank(0), group=dp_group)
         _share_rng(self.mesh.group("tp"))
+        if self.pp_size > 1:
+            return self._pipeline(model, optimizer, criterion, dataloader, lr_scheduler)
         if self.zero_stage in (1, 2):
             return self._zero(model, optimizer, criterion, dataloader, lr_scheduler)
         wrapped = HybridModel(model, self.precision, self.mesh)
@@ -284,6 +326,56 @@ class HybridParallelPlugin(Plugin):
             dataloader,
             lr_scheduler,
         )
+
+    def _pipeline(self, model, optimizer, criterion, dataloader, lr_scheduler):
+        """Step 5 for pp_size > 1: cut the (tp-sharded) model into stages over the pp axis;
+        the optimizer keeps this rank's stages' parameters only; then zero_stage 1 over dp."""
+        pipeline = require(
+            "megalith_pipeline", "megalith-pipeline", "HybridParallelPlugin(pp_size>1)"
+        )
+        settings = self.pipeline
+        pipe = pipeline.Pipeline(
+            model,
+            num_microbatches=settings.num_microbatches or 1,
+            schedule=settings.schedule,
+            chunks=settings.chunks,
+            mesh=self.mesh,
+            pp_axis="pp",
+            dp_axis="dp",
+            loss_on_all_ranks=True,
+        )
+        local = {id(p) for p in pipe.module.parameters()}
+        if optimizer is not None:
+            for group in optimizer.param_groups:
+                group["params"] = [p for p in group["params"] if id(p) in local]
+        wrapped = PipelineModel(pipe, settings, self.precision, self.mesh, model)
+        if not self.zero_stage:
+            opt = PipelineOptimizer(optimizer, wrapped, self.max_norm) if optimizer else None
+            return wrapped, opt, criterion, dataloader, lr_scheduler
+        zero = require("megalith_zero", "megalith-zero", "HybridParallelPlugin(zero_stage=1)")
+        from .zero import ZeroOptimizerWrapper
+
+        if optimizer is None:
+            raise ValueError("HybridParallelPlugin(zero_stage=1): boost() needs the optimizer")
+        config = zero.ZeroConfig(stage=1, precision="fp32")  # bf16 comes from autocast here
+        _, zopt = zero.shard(pipe.module, optimizer, config, mesh=self.mesh, axis="dp")
+        wrapped.zero_no_sync = zopt.no_sync
+        zwrapped = ZeroOptimizerWrapper(zopt, 0.0)
+        zwrapped.pipelined = True  # checkpoint_io: no optimizer files for stages yet
+        return wrapped, zwrapped, criterion, dataloader, lr_scheduler
+
+    def execute_pipeline(self, data_iter: Any, model: Any, criterion: Any, optimizer: Any) -> Any:
+        if not isinstance(model, PipelineModel):
+            raise ValueError(
+                "execute_pipeline: the model must be the one boost() returned with pp_size > 1"
+            )
+        return model.step(next(iter(data_iter)), criterion, model.zero_no_sync)
+
+    def local_named_parameters(self, model: Any) -> dict[str, torch.nn.Parameter]:
+        """This rank's parameters (its stages, its tp shards) by their names in the model."""
+        module = model.whole if isinstance(model, PipelineModel) else model.unwrap()
+        local = {id(p) for p in model.unwrap().parameters()}
+        return {n: p for n, p in module.named_parameters() if id(p) in local}
 
     def no_sync(self, model: Any, optimizer: Any) -> contextlib.AbstractContextManager:
         if optimizer is None:

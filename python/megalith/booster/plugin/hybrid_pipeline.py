@@ -1,0 +1,224 @@
+"""The pipeline part of HybridParallelPlugin (pp_size > 1), on megalith_pipeline.
+
+Settings are checked when the plugin is made (before any collective). boost() cuts
+the (already tensor-parallel) model into stages with megalith_pipeline.Pipeline
+over the mesh's pp axis; a step is Booster.execute_pipeline, which runs every
+micro-batch's forward and backward in the schedule's order. Data parallelism is
+the pipeline's own gradient average over the dp axis (zero_stage 0) or
+megalith_zero's stage 1 over dp, driven through its no_sync (zero_stage 1).
+
+The loss: ColossalAI calls criterion(outputs, micro_batch). For a transformers-
+style language model the last stage gives logits; criterion gets them as
+`outputs.logits`, and `outputs.loss` is the causal-LM loss of the micro-batch's
+"labels" (shifted by one, -100 ignored), as transformers' own models compute it,
+so `lambda outputs, inputs: outputs.loss` works unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..wrappers import ModelWrapper
+
+# ColossalAI's pp_style names, and the ones megalith_pipeline uses, to its schedules.
+PP_STYLES = {
+    "1f1b": "1f1b",
+    "interleaved": "interleaved",
+    "zbv": "zb-v",
+    "zb-v": "zb-v",
+    "zb-h1": "zb-h1",
+    "gpipe": "gpipe",
+}
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    pp_size: int
+    schedule: str
+    chunks: int
+    num_microbatches: int | None
+    microbatch_size: int | None
+
+    @classmethod
+    def check(
+        cls,
+        pp_size: int,
+        pp_style: str,
+        num_model_chunks: int,
+        num_microbatches: int | None,
+        microbatch_size: int | None,
+    ) -> PipelineSettings:
+        if not isinstance(pp_size, int) or isinstance(pp_size, bool) or pp_size < 1:
+            raise ValueError(f"HybridParallelPlugin: pp_size must be an int >= 1, got {pp_size!r}")
+        style = str(pp_style).lower()
+        if style not in PP_STYLES:
+            raise ValueError(
+                f"HybridParallelPlugin: pp_style={pp_style!r}; expected one of "
+                + ", ".join(repr(k) for k in PP_STYLES)
+            )
+        schedule = PP_STYLES[style]
+        if schedule == "interleaved":
+            if num_model_chunks < 2:
+                raise ValueError(
+                    f"HybridParallelPlugin: pp_style='interleaved' needs num_model_chunks >= 2, "
+                    f"got {num_model_chunks}"
+                )
+        elif schedule == "zb-v":
+            if num_model_chunks not in (1, 2):  # ColossalAI asks for 2; 1 is the default
+                raise ValueError(
+                    f"HybridParallelPlugin: pp_style='zbv' runs 2 model chunks per rank, got "
+                    f"num_model_chunks={num_model_chunks}"
+                )
+            num_model_chunks = 2
+        elif num_model_chunks != 1:
+            raise ValueError(
+                f"HybridParallelPlugin: pp_style={pp_style!r} runs one model chunk per rank, got "
+                f"num_model_chunks={num_model_chunks}; use pp_style='interleaved' or 'zbv'"
+            )
+        if pp_size > 1 and (num_microbatches is None) == (microbatch_size is None):
+            raise ValueError(
+                "HybridParallelPlugin: with pp_size > 1 give exactly one of num_microbatches "
+                f"and microbatch_size (got {num_microbatches!r} and {microbatch_size!r})"
+            )
+        for name, value in (
+            ("num_microbatches", num_microbatches),
+            ("microbatch_size", microbatch_size),
+        ):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"HybridParallelPlugin: {name} must be an int >= 1, got {value!r}")
+        return cls(pp_size, schedule, num_model_chunks, num_microbatches, microbatch_size)
+
+    def microbatches(self, batch_size: int) -> int:
+        """The micro-batch count for a batch of batch_size samples."""
+        if self.num_microbatches is not None:
+            return self.num_microbatches
+        if batch_size % self.microbatch_size:
+            raise ValueError(
+                f"HybridParallelPlugin: batch size {batch_size} is not a multiple of "
+                f"microbatch_size={self.microbatch_size}"
+            )
+        return batch_size // self.microbatch_size
+
+
+class LMOutput:
+    """What criterion gets from the last stage: logits, and the causal-LM loss of
+    `labels` computed when first asked for."""
+
+    def __init__(self, logits: torch.Tensor, labels: torch.Tensor | None):
+        self.logits = logits
+        self._labels = labels
+
+    @property
+    def loss(self) -> torch.Tensor:
+        if self._labels is None:
+            raise ValueError(
+                "execute_pipeline: outputs.loss needs 'labels' in the batch; or compute the "
+                "loss from outputs.logits in the criterion"
+            )
+        logits = self.logits[:, :-1].float()
+        target = self._labels[:, 1:].to(logits.device)
+        return F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100
+        )
+
+    def __getitem__(self, key: str) -> Any:  # outputs["loss"], outputs["logits"]
+        return getattr(self, key)
+
+
+def model_inputs(batch: Any) -> Any:
+    """What the first stage takes: input ids from a dict batch, else the batch itself."""
+    if isinstance(batch, dict):
+        if "input_ids" not in batch:
+            raise ValueError(
+                f"execute_pipeline: a dict batch needs 'input_ids' (got keys {sorted(batch)})"
+            )
+        return batch["input_ids"]
+    if isinstance(batch, (tuple, list)):
+        return batch[0]
+    return batch
+
+
+def loss_fn_for(criterion: Callable[..., torch.Tensor]) -> Callable[[Any, Any], torch.Tensor]:
+    def loss_fn(output: Any, micro_batch: Any) -> torch.Tensor:
+        if isinstance(output, torch.Tensor) and output.dim() == 3:
+            labels = micro_batch.get("labels") if isinstance(micro_batch, dict) else None
+            output = LMOutput(output, labels)
+        return criterion(output, micro_batch)
+
+    return loss_fn
+
+
+class PipelineModel(ModelWrapper):
+    """This rank's stages (`module`) and the pipeline that runs them."""
+
+    def __init__(
+        self, pipe: Any, settings: PipelineSettings, precision: str, mesh: Any, whole: Any
+    ):
+        super().__init__(pipe.module)
+        self.pipe = pipe
+        self.settings = settings
+        self.precision = precision
+        self.mesh = mesh
+        self.whole = whole  # the model as given (names for checkpoints); stages alias it
+        self.zero_no_sync: Callable | None = None  # megalith_zero's, under zero_stage 1
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            "HybridParallelPlugin with pp_size > 1: a model split into pipeline stages runs "
+            "through booster.execute_pipeline(data_iter, model, criterion, optimizer), not model(...)"
+        )
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        if self.precision == "fp32":
+            yield
+            return
+        device = self.pipe.channels.device.type
+        with torch.autocast(device_type=device, dtype=torch.bfloat16):
+            yield
+
+    def step(self, batch: Any, criterion: Callable, no_sync: Callable | None) -> torch.Tensor:
+        """Forward and backward of the batch through every stage; the loss on every rank."""
+        pipe = self.pipe
+        inputs = model_inputs(batch)
+        n = inputs.shape[0] if isinstance(inputs, torch.Tensor) else len(inputs)
+        pipe.set_num_microbatches(self.settings.microbatches(n))
+        pipe.loss_fn = pipe.executor.loss_fn = loss_fn_for(criterion)
+        device = pipe.channels.device
+        inputs = inputs.to(device) if isinstance(inputs, torch.Tensor) else inputs
+        with self.autocast():
+            return pipe.step(inputs, batch, no_sync=no_sync)
+
+
+def pipeline_grad_norm(model: PipelineModel, params: list[torch.nn.Parameter]) -> float:
+    """The whole model's gradient L2 norm: tensor-parallel shards summed over tp, stages
+    over pp; a weight tied across stages (same gradient on each) counted once."""
+    import megalith_comm as comm
+
+    mesh = model.mesh
+    pipe = model.pipe
+    skip: set[int] = set()
+    for holders, uses in pipe.tied.ties:
+        if len(holders) > 1 and pipe.rank != min(holders):
+            skip.update(id(p) for p in pipe.tied._local(uses))
+    sharded = torch.zeros((), dtype=torch.float64)
+    replicated = torch.zeros((), dtype=torch.float64)
+    for p in params:
+        if p.grad is None or id(p) in skip:
+            continue
+        sq = p.grad.detach().double().pow(2).sum().cpu()
+        if hasattr(p, "tp_spec"):
+            sharded += sq
+        else:
+            replicated += sq
+    comm.all_reduce(sharded, group=mesh.group("tp"))
+    total = (sharded + replicated).reshape(1)
+    comm.all_reduce(total, group=mesh.group("pp"))
+    return math.sqrt(float(total))

@@ -1,0 +1,66 @@
+"""HybridParallelPlugin with pp_size > 1 (Booster.execute_pipeline) trains transformers'
+GPT-2 and Llama as the whole model in one process does: pp 2 under 1F1B, interleaved and
+ZB-V, tp 2 x pp 2 with and without sequence parallelism, pp 2 x dp 2 with ZeRO-1, clipping across stages, bf16; model files saved under tp 2 x pp 2 hold the whole model
+and load under pp 2 x dp 2; bad pipeline
+settings fail at construction."""
+
+from __future__ import annotations
+
+import pytest
+
+from megalith.booster.plugin import HybridParallelPlugin
+from megalith.testing import run_grid
+
+from .tp.models import run_case
+from .tp.pipeline_plugin import PipePluginCase
+
+WORLD2 = [
+    PipePluginCase(),
+    PipePluginCase(family="llama", style="interleaved", chunks=2, microbatches=4),
+    PipePluginCase(style="zbv", microbatches=4),
+]
+WORLD4 = [
+    PipePluginCase(family="llama", tp=2, checkpoint=True),
+    PipePluginCase(family="llama", tp=2, sp=True, style="interleaved", chunks=2),
+    PipePluginCase(tp=2, sp=True),
+    PipePluginCase(tp=2, style="zbv", checkpoint=True),  # tied head and embedding on pp rank 0
+    PipePluginCase(family="llama", tp=2, style="zbv", max_norm=0.05),
+    PipePluginCase(family="llama", zero_stage=1, style="interleaved", chunks=2),
+    PipePluginCase(family="llama", tp=2, precision="bf16"),
+    PipePluginCase(family="llama", zero_stage=1, precision="bf16"),
+]
+
+
+def _failures(cases, results) -> list[str]:
+    return [
+        f"{case} rank {rank}: {err}"
+        for case, per_rank in zip(cases, results)
+        for rank, (errs, _) in enumerate(per_rank)
+        for err in errs[:4]
+    ]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("world", "cases"), [(2, WORLD2), (4, WORLD4)], ids=["world2", "world4"])
+def test_pipelined_plugin_matches_the_whole_model(world, cases):
+    results = run_grid(run_case, cases, world, timeout=220)
+    failures = _failures(cases, results)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        (dict(tp_size=1, pp_size=2), "exactly one of num_microbatches and microbatch_size"),
+        (dict(tp_size=1, pp_size=2, num_microbatches=2, pp_style="zb-h2"), "pp_style='zb-h2'"),
+        (
+            dict(tp_size=1, pp_size=2, num_microbatches=2, pp_style="interleaved"),
+            "num_model_chunks >= 2",
+        ),
+        (dict(tp_size=1, pp_size=2, num_microbatches=2, num_model_chunks=3), "one model chunk"),
+        (dict(tp_size=1, pp_size=0), "pp_size"),
+    ],
+)
+def test_bad_pipeline_settings_name_themselves(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        HybridParallelPlugin(**kwargs)
