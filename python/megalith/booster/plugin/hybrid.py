@@ -1,8 +1,9 @@
 """HybridParallelPlugin: tensor (and sequence) parallelism composed with data parallelism.
 
 ColossalAI's argument names where they mean the same. What runs today: tp_size
-any divisor of the world size, pp_size=1, zero_stage 0, 1 or 2, precision fp32
-or bf16, enable_sequence_parallelism with sequence_parallelism_mode="split_gather"
+any divisor of the world size, pp_size >= 1 (pp_style "1f1b", "interleaved",
+"zbv"; hybrid_pipeline.py), zero_stage 0, 1 or 2 (0 or 1 under a pipeline),
+precision fp32 or bf16, enable_sequence_parallelism with sequence_parallelism_mode="split_gather"
 (over the tp group) or "all_to_all" (Ulysses, tp_size=1 and sp_size >= 2,
 megalith.models only), custom_policy. Other values fail at construction with
 what is missing.
@@ -19,7 +20,10 @@ Composition (one place, fixed order):
      replicated over the group must draw the same mask on every rank, or the
      replicas drift apart (the masks of different heads, or sequence shards, are
      then drawn alike: correlated, not wrong);
-  4. data parallel over the dp axis: zero_stage 0 averages gradients after
+  4. pp_size > 1: cut the sharded model into stages over the pp axis of
+     Mesh(pp, dp, sp, tp) (megalith_pipeline), the optimizer keeps this rank's
+     stages, and steps run through booster.execute_pipeline;
+  5. data parallel over the dp axis: zero_stage 0 averages gradients after
      backward; zero_stage 1 and 2 hand the sharded model to megalith_zero over the
      dp axis of the same mesh (optimizer states sharded; gradients all-reduced at
      stage 1, reduce-scattered at stage 2). ZeRO's chunks hold this rank's tp
@@ -328,7 +332,7 @@ class HybridParallelPlugin(Plugin):
         )
 
     def _pipeline(self, model, optimizer, criterion, dataloader, lr_scheduler):
-        """Step 5 for pp_size > 1: cut the (tp-sharded) model into stages over the pp axis;
+        """Steps 4 and 5 for pp_size > 1: cut the (tp-sharded) model into stages over the pp axis;
         the optimizer keeps this rank's stages' parameters only; then zero_stage 1 over dp."""
         pipeline = require(
             "megalith_pipeline", "megalith-pipeline", "HybridParallelPlugin(pp_size>1)"
