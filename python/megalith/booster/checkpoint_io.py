@@ -10,7 +10,7 @@ written under one loads under another.
 A tensor-parallel model's shards (parameters and optimizer states) are gathered
 over the tp group to the full tensors, one at a time as the writer takes them,
 and on loading each rank takes its shard (ShardSpec.take); under ZeRO the same
-is done chunk by chunk in tp_zero_io.py. So tp 2 files load at tp 1 and back.
+is done chunk by chunk through megalith_zero's full checkpoints with tp_layout.py. So tp 2 files load at tp 1 and back.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
-from . import pipeline_io, tp_zero_io
+from . import pipeline_io
 from .plugin.base import require, world
 from .plugin.hybrid_pipeline import PipelineModel
 from .plugin.zero import ZeroModelWrapper, ZeroOptimizerWrapper
+from .tp_layout import tp_layout
 
 SEP = "::"
 _KINDS = {"adam": ("Adam",), "sgd": ("SGD",), "lion": ("Lion",)}
@@ -53,9 +54,16 @@ def _named_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def _tensor_parallel(model: Any) -> bool:
     """True for a tensor-parallel model: its files hold the full tensors, gathered over
-    the tp group (and under ZeRO over dp: tp_zero_io.py)."""
+    the tp group (and under ZeRO over dp: tp_layout.py)."""
     raw = model.whole if isinstance(model, PipelineModel) else model.unwrap()
     return getattr(raw, "tp_info", None) is not None
+
+
+def _zero_layout(zmodel: Any) -> Any:
+    """How a ZeRO model's parameters map to whole tensors in the files."""
+    if getattr(zmodel.module, "tp_info", None) is not None:
+        return tp_layout(zmodel)
+    return _zero().file_layout.IDENTITY
 
 
 def _tp_full_state(raw: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -77,10 +85,8 @@ def save_model(model: Any, checkpoint: str, shard: bool, size_per_shard: int) ->
     target = path if shard else Path(tempfile.mkdtemp(prefix=".save-", dir=path.parent or "."))
     rank0 = world().rank == 0
     try:
-        if isinstance(model, ZeroModelWrapper) and _tensor_parallel(model):
-            tp_zero_io.save_model(model.module, target, max_bytes)
-        elif isinstance(model, ZeroModelWrapper):
-            zero.save_full(model.module, target, max_shard_bytes=max_bytes)
+        if isinstance(model, ZeroModelWrapper):
+            zero.save_full(model.module, target, max_bytes, layout=_zero_layout(model.module))
         else:
             raw = model.unwrap()
             if isinstance(model, PipelineModel):
@@ -119,9 +125,6 @@ def load_model(model: Any, checkpoint: str, strict: bool = True) -> None:
             return load_model(model, str(tmp), strict)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    if isinstance(model, ZeroModelWrapper) and _tensor_parallel(model):
-        tp_zero_io.load_model(model.module, path)
-        return None
     if _tensor_parallel(model):
         from megalith.tensor_parallel.state import load_full_state_dict
 
@@ -144,7 +147,8 @@ def load_model(model: Any, checkpoint: str, strict: bool = True) -> None:
         load_full_state_dict(raw, state, strict=strict and not pipelined)
         return None
     if isinstance(model, ZeroModelWrapper):
-        zero.load_full(model.module, model.module.optimizer, path)
+        zmodel = model.module
+        zero.load_full(zmodel, zmodel.optimizer, path, layout=_zero_layout(zmodel))
         return None
     module = model.whole if isinstance(model, PipelineModel) else model.unwrap()
     with zero.files.TensorReader(path, "model") as reader, torch.no_grad():
@@ -214,10 +218,8 @@ def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard:
     max_bytes = size_per_shard << 20 if shard else 1 << 62
     if isinstance(optimizer, ZeroOptimizerWrapper):
         zopt = optimizer.optim
-        if getattr(zopt.model.module, "tp_info", None) is not None:
-            tp_zero_io.save_optimizer(zopt, path, max_bytes)
-        else:
-            zero.save_full_optimizer(zopt.model, zopt, path, max_shard_bytes=max_bytes)
+        layout = _zero_layout(zopt.model)
+        zero.save_full_optimizer(zopt.model, zopt, path, max_bytes, layout=layout)
         return
     optim = optimizer.optim
     tp = _tp_group(optimizer)
@@ -263,10 +265,7 @@ def load_optimizer(optimizer: Any, checkpoint: str) -> None:
     path = Path(checkpoint)
     if isinstance(optimizer, ZeroOptimizerWrapper):
         zopt = optimizer.optim
-        if getattr(zopt.model.module, "tp_info", None) is not None:
-            tp_zero_io.load_optimizer(zopt, path)
-        else:
-            zero.load_full_optimizer(zopt.model, zopt, path)
+        zero.load_full_optimizer(zopt.model, zopt, path, layout=_zero_layout(zopt.model))
         return
     meta = zero.full_optimizer.read_meta(path)
     optim = optimizer.optim

@@ -16,12 +16,14 @@ See packages/zero/README.md.
 from .api import ZeroModel, shard
 from .checkpoint import load_full, load_sharded, save_full, save_sharded
 from .config import LossScaleConfig, ZeroConfig
+from .file_layout import FileLayout
 from .full_optimizer import load_full_optimizer, save_full_optimizer
 from .optimizer import ZeroOptimizer
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "FileLayout",
     "LossScaleConfig",
     "ZeroConfig",
     "ZeroModel",

@@ -27,6 +27,7 @@ import torch
 import megalith_comm as comm
 
 from .api import ZeroModel
+from .file_layout import IDENTITY, FileLayout
 from .files import StreamedFiles, TensorReader, atomic_json, atomic_save, safe_open
 from .full_state import iter_full_params
 from .layout import Chunk, Slot
@@ -202,33 +203,46 @@ def save_full(
     path: str | os.PathLike,
     max_shard_bytes: int = 5 << 30,
     dtype: torch.dtype = torch.float32,
+    layout: FileLayout = IDENTITY,
 ) -> None:
     """The whole model as safetensors files plus model.safetensors.index.json (the
-    layout transformers reads), written by rank 0; collective.
+    layout transformers reads), written by rank 0; collective. `layout`: see
+    file_layout.py (parameters that are shards of larger tensors).
 
     Streamed: parameters are gathered one chunk at a time and each file is written
     as soon as its last parameter arrives, so at most one file's worth of tensors
     (max_shard_bytes) plus one chunk is ever held, never the whole model.
     """
     path = Path(path)
-    rank0 = zmodel.group.rank == 0
+    writer = layout.writes(zmodel.group)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    plan = [(s.name, s.numel * itemsize) for c in zmodel.chunks for s in c.spec.slots]
-    out = StreamedFiles(path, "model", plan, max_shard_bytes, write=rank0)
+    plan = [
+        (s.name, layout.full_numel(s.name, s.numel) * itemsize)
+        for c in zmodel.chunks
+        for s in c.spec.slots
+    ]
+    out = StreamedFiles(path, "model", plan, max_shard_bytes, write=writer)
     for name, tensor in iter_full_params(zmodel.chunks, zmodel.group):
-        out.add(name, tensor.to(dtype))
-    buffers = {}
-    if rank0:
-        persistent = zmodel.module.state_dict(keep_vars=True).keys()
-        buffers = {n: b.detach() for n, b in zmodel.module.named_buffers() if n in persistent}
-        if buffers:
-            atomic_save(buffers, path / "buffers.safetensors", metadata={"format": "pt"})
-    out.finish({n: "buffers.safetensors" for n in buffers})
-    comm.barrier(group=zmodel.group)
+        out.add(name, layout.to_full(name, tensor).to(dtype))
+    persistent = zmodel.module.state_dict(keep_vars=True).keys()
+    buffers = {
+        n: layout.to_full(n, b.detach())
+        for n, b in zmodel.module.named_buffers()
+        if n in persistent
+    }
+    if writer and buffers:
+        atomic_save(buffers, path / "buffers.safetensors", metadata={"format": "pt"})
+    out.finish({n: "buffers.safetensors" for n in buffers} if writer else {})
+    layout.barrier(zmodel.group)
 
 
 @with_resident_states
-def load_full(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike) -> None:
+def load_full(
+    zmodel: ZeroModel,
+    zopt: ZeroOptimizer,
+    path: str | os.PathLike,
+    layout: FileLayout = IDENTITY,
+) -> None:
     """Loads parameters from save_full's files (or any safetensors checkpoint with an
     index, e.g. transformers'); optimizer states start fresh. Each rank reads only the
     parameters its shards hold, one at a time; collective."""
@@ -241,13 +255,16 @@ def load_full(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike) -
         for c in zmodel.chunks:
             dst_all = c.master if c.trainable else c.shard
             for seg in c.spec.segments(rank):
-                src = reader.get(seg.slot.name)
-                if tuple(src.shape) != seg.slot.shape:
+                name = seg.slot.name
+                src = reader.get(name)
+                want = layout.full_shape(name, seg.slot.shape)
+                if tuple(src.shape) != want:
                     raise ValueError(
-                        f"{path}: {seg.slot.name!r} has shape {list(src.shape)}, the model "
-                        f"{list(seg.slot.shape)}: a checkpoint of another model"
+                        f"{path}: {name!r} has shape {list(src.shape)}, the model "
+                        f"{list(want)}: a checkpoint of another model"
                     )
-                flat = src.reshape(-1)[seg.param_start : seg.param_start + seg.length]
+                flat = layout.to_local(name, src).reshape(-1)
+                flat = flat[seg.param_start : seg.param_start + seg.length]
                 dst_all[seg.shard_start : seg.shard_start + seg.length].copy_(flat)
             if c.trainable and c.master.data_ptr() != c.shard.data_ptr():
                 c.shard.copy_(c.master)
@@ -256,7 +273,7 @@ def load_full(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike) -
             c.steps = [0] * len(c.spec.slots)
         for name, b in zmodel.module.named_buffers():
             if reader.has(name):
-                b.copy_(reader.get(name))
+                b.copy_(layout.to_local(name, reader.get(name)))
     if zopt.config.stage in (1, 2):
         zopt._gather_params(zmodel.chunks)
-    comm.barrier(group=zmodel.group)
+    layout.barrier(zmodel.group)

@@ -23,6 +23,7 @@ import torch
 import megalith_comm as comm
 
 from .api import ZeroModel
+from .file_layout import IDENTITY, FileLayout
 from .files import StreamedFiles, TensorReader, atomic_json
 from .offload import with_resident_states
 from .optimizer import ZeroOptimizer
@@ -37,11 +38,15 @@ def hyperparameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @with_resident_states
 def save_full_optimizer(
-    zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike, max_shard_bytes: int = 5 << 30
+    zmodel: ZeroModel,
+    zopt: ZeroOptimizer,
+    path: str | os.PathLike,
+    max_shard_bytes: int = 5 << 30,
+    layout: FileLayout = IDENTITY,
 ) -> None:
-    """Collective; rank 0 writes."""
+    """Collective; rank 0 writes. `layout`: see file_layout.py."""
     path = Path(path)
-    rank0 = zmodel.group.rank == 0
+    rank0 = layout.writes(zmodel.group)
     zopt.reducer.wait()
     group = zmodel.group
     names_of = {gi: zopt.rule.state_names(g) for gi, g in enumerate(zopt.optimizer.param_groups)}
@@ -51,7 +56,8 @@ def save_full_optimizer(
         for s, step in zip(c.spec.slots, c.steps):
             params[s.name] = {"group": c.spec.group, "step": step}
             if step:  # torch keeps no state for a parameter that never stepped
-                plan += [(f"{s.name}{SEP}{n}", s.numel * 4) for n in names]
+                size = layout.full_numel(s.name, s.numel) * 4
+                plan += [(f"{s.name}{SEP}{n}", size) for n in names]
     out = StreamedFiles(path, "optimizer", plan, max_shard_bytes, write=rank0)
     for c in zopt.trainable:
         if not any(c.steps):
@@ -63,10 +69,8 @@ def save_full_optimizer(
             comm.all_gather(full, c.states[state].to(device), group=group)
             for s, step in zip(c.spec.slots, c.steps):
                 if step:
-                    out.add(
-                        f"{s.name}{SEP}{state}",
-                        full[s.offset : s.offset + s.numel].view(s.shape).cpu(),
-                    )
+                    part = full[s.offset : s.offset + s.numel].view(s.shape)
+                    out.add(f"{s.name}{SEP}{state}", layout.to_full(s.name, part).cpu())
     out.finish()
     if rank0:
         meta = {
@@ -77,7 +81,7 @@ def save_full_optimizer(
             "loss_scale": zopt.scaler.state_dict() if zopt.scaler else None,
         }
         atomic_json(meta, path / "optimizer.json")
-    comm.barrier(group=group)
+    layout.barrier(group)
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -95,7 +99,12 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 @with_resident_states
-def load_full_optimizer(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike) -> None:
+def load_full_optimizer(
+    zmodel: ZeroModel,
+    zopt: ZeroOptimizer,
+    path: str | os.PathLike,
+    layout: FileLayout = IDENTITY,
+) -> None:
     """Each rank reads the slices of every state its shards hold; collective."""
     path = Path(path)
     meta = read_meta(path)
@@ -116,13 +125,12 @@ def load_full_optimizer(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.P
                 for n in names:
                     key = f"{seg.slot.name}{SEP}{n}"
                     if reader.has(key):
-                        src = reader.get(key).reshape(-1)[
-                            seg.param_start : seg.param_start + seg.length
-                        ]
+                        src = layout.to_local(seg.slot.name, reader.get(key)).reshape(-1)
+                        src = src[seg.param_start : seg.param_start + seg.length]
                         c.states[n][seg.shard_start : seg.shard_start + seg.length].copy_(src)
     for group, saved in zip(zopt.optimizer.param_groups, meta["param_groups"]):
         for key, value in saved.items():
             group[key] = tuple(value) if isinstance(value, list) else value
     if zopt.scaler is not None and meta.get("loss_scale"):
         zopt.scaler.load_state_dict(meta["loss_scale"])
-    comm.barrier(group=zmodel.group)
+    layout.barrier(zmodel.group)

@@ -32,7 +32,7 @@ Composition (one place, fixed order):
 Checkpoints (Booster.save_model / save_optimizer) are layout-free at every
 zero_stage: full, unsharded tensors and optimizer states keyed by parameter name,
 gathered over tp (and dp under ZeRO) and written by rank 0 one parameter at a
-time (see checkpoint_io.py and tp_zero_io.py); they load under any tp size or plugin.
+time (see checkpoint_io.py and tp_layout.py); they load under any tp size or plugin.
 """
 
 from __future__ import annotations
