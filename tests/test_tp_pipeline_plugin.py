@@ -11,6 +11,7 @@ import pytest
 from megalith.booster.plugin import HybridParallelPlugin
 from megalith.testing import run_grid
 
+from .tp.common import grid_failures
 from .tp.models import run_case
 from .tp.pipeline_plugin import PipePluginCase
 
@@ -31,20 +32,11 @@ WORLD4 = [
 ]
 
 
-def _failures(cases, results) -> list[str]:
-    return [
-        f"{case} rank {rank}: {err}"
-        for case, per_rank in zip(cases, results)
-        for rank, (errs, _) in enumerate(per_rank)
-        for err in errs[:4]
-    ]
-
-
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("world", "cases"), [(2, WORLD2), (4, WORLD4)], ids=["world2", "world4"])
 def test_pipelined_plugin_matches_the_whole_model(world, cases):
     results = run_grid(run_case, cases, world, timeout=220)
-    failures = _failures(cases, results)
+    failures = grid_failures(cases, results)
     assert not failures, "\n".join(failures)
 
 

@@ -9,6 +9,7 @@ import pytest
 from megalith.booster.plugin import HybridParallelPlugin
 from megalith.testing import run_grid
 
+from .tp.common import grid_failures
 from .tp.models import run_case
 from .tp.plugin import BadPluginCase, DropoutCase, PluginCase
 
@@ -31,12 +32,7 @@ CASES = [
 
 def test_hybrid_plugin_matches_unsharded():
     results = run_grid(run_case, CASES, 4, timeout=180)
-    failures = [
-        f"{case} rank {rank}: {err}"
-        for case, per_rank in zip(CASES, results)
-        for rank, (errs, _) in enumerate(per_rank)
-        for err in errs[:4]
-    ]
+    failures = grid_failures(CASES, results)
     assert not failures, "\n".join(failures)
 
 

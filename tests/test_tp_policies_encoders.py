@@ -9,6 +9,7 @@ import pytest
 
 from megalith.testing import run_grid
 
+from .tp.common import grid_failures
 from .tp.encoders import EncoderCase, EncoderErrorCase
 from .tp.models import run_case
 
@@ -31,12 +32,7 @@ def cases(world_size: int) -> list:
 def test_encoder_policies_match_unsharded(world_size):
     grid = cases(world_size)
     results = run_grid(run_case, grid, world_size, timeout=180)
-    failures = [
-        f"{case} rank {rank}: {err}"
-        for case, per_rank in zip(grid, results)
-        for rank, (errs, _) in enumerate(per_rank)
-        for err in errs[:4]
-    ]
+    failures = grid_failures(grid, results)
     for case, per_rank in zip(grid, results):
         print(f"{case}: {max(t for _, t in per_rank):.2f} s")
     assert not failures, "\n".join(failures)

@@ -42,3 +42,25 @@ def exact_entries(name: str, t: torch.Tensor) -> slice | torch.Tensor:
     if name.endswith("k_proj.bias"):
         return torch.arange(0)
     return slice(None)
+
+
+def expect_value_error(errors: list[str], what: str, fn, *needles: str) -> None:
+    """fn() must raise ValueError with every needle in its message; else an error is noted."""
+    try:
+        fn()
+    except ValueError as exc:
+        missing = [n for n in needles if n not in str(exc)]
+        if missing:
+            errors.append(f"{what}: message {str(exc)!r} lacks {missing}")
+        return
+    errors.append(f"{what}: no error")
+
+
+def grid_failures(cases: list, results: list) -> list[str]:
+    """The first errors of every rank of every case, from run_grid over (errors, seconds)."""
+    return [
+        f"{case} rank {rank}: {err}"
+        for case, per_rank in zip(cases, results)
+        for rank, (errs, _) in enumerate(per_rank)
+        for err in errs[:4]
+    ]

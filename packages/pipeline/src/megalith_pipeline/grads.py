@@ -41,6 +41,7 @@ class TiedParams:
         extra: Sequence[tuple[nn.Parameter, nn.Parameter]] = (),
     ):
         self._layers = layers
+        self._rank = group.rank
         where: dict[int, list[tuple[int, str]]] = {}  # id(param) -> (layer, name) uses
         ranks: dict[int, set[int]] = {}  # id(param) -> pp ranks whose stages use it
         for s in range(schedule.num_stages):
@@ -84,6 +85,16 @@ class TiedParams:
             p = self._layers[i].get_parameter(name)
             found.setdefault(id(p), p)
         return list(found.values())
+
+    def secondary_copies(self) -> list[nn.Parameter]:
+        """This rank's parameters of ties whose lowest holding rank is another one: what
+        to skip to count every tied weight once (a norm over all stages, say)."""
+        return [
+            p
+            for holders, uses in self.ties
+            if len(holders) > 1 and self._rank != min(holders)
+            for p in self._local(uses)
+        ]
 
     def reduce_grads(self) -> None:
         """Gives every copy of a tied parameter the sum of all copies' gradients."""

@@ -46,7 +46,7 @@ import torch
 
 from ..wrappers import ModelWrapper, OptimizerWrapper
 from .base import Plugin, check_precision, require, world
-from .hybrid_pipeline import PipelineModel, PipelineSettings, pipeline_grad_norm
+from .hybrid_pipeline import PipelineModel, PipelineSettings
 
 _DTYPE = {"bf16": torch.bfloat16}
 
@@ -65,9 +65,10 @@ class HybridModel(ModelWrapper):
             return self.module(*args, **kwargs)
 
 
-def tp_grad_norm(params: list[torch.nn.Parameter], tp_group: Any) -> float:
-    """The L2 norm of the whole (unsharded) model's gradient: shards summed over the
-    tensor-parallel group, replicated parameters counted once."""
+def tp_grad_norm_sq(params: list[torch.nn.Parameter], tp_group: Any) -> torch.Tensor:
+    """The squared L2 norm (float64) of the gradient of the whole (unsharded) model these
+    parameters are part of: shards summed over the tensor-parallel group, replicated
+    parameters counted once."""
     import megalith_comm as comm
 
     sharded = torch.zeros((), dtype=torch.float64)
@@ -81,7 +82,7 @@ def tp_grad_norm(params: list[torch.nn.Parameter], tp_group: Any) -> float:
         else:
             replicated += sq
     comm.all_reduce(sharded, group=tp_group)
-    return math.sqrt(float(sharded + replicated))
+    return sharded + replicated
 
 
 class HybridOptimizer(OptimizerWrapper):
@@ -120,7 +121,7 @@ class HybridOptimizer(OptimizerWrapper):
         return norm
 
     def _grad_norm(self, params: list[torch.nn.Parameter]) -> float:
-        return tp_grad_norm(params, self.model.mesh.group("tp"))
+        return math.sqrt(float(tp_grad_norm_sq(params, self.model.mesh.group("tp"))))
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
         if self.max_norm > 0 and not self._clipped:
@@ -151,7 +152,14 @@ class PipelineOptimizer(HybridOptimizer):
         )
 
     def _grad_norm(self, params: list[torch.nn.Parameter]) -> float:
-        return pipeline_grad_norm(self.model, params)
+        """Over tp shards and over the stages; a weight tied across stages counted once."""
+        import megalith_comm as comm
+
+        skip = {id(p) for p in self.model.pipe.tied.secondary_copies()}
+        mine = [p for p in params if id(p) not in skip]
+        total = tp_grad_norm_sq(mine, self.model.mesh.group("tp")).reshape(1)
+        comm.all_reduce(total, group=self.model.mesh.group("pp"))
+        return math.sqrt(float(total))
 
 
 class HybridParallelPlugin(Plugin):

@@ -17,7 +17,6 @@ so `lambda outputs, inputs: outputs.loss` works unchanged.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -195,30 +194,3 @@ class PipelineModel(ModelWrapper):
         inputs = inputs.to(device) if isinstance(inputs, torch.Tensor) else inputs
         with self.autocast():
             return pipe.step(inputs, batch, no_sync=no_sync)
-
-
-def pipeline_grad_norm(model: PipelineModel, params: list[torch.nn.Parameter]) -> float:
-    """The whole model's gradient L2 norm: tensor-parallel shards summed over tp, stages
-    over pp; a weight tied across stages (same gradient on each) counted once."""
-    import megalith_comm as comm
-
-    mesh = model.mesh
-    pipe = model.pipe
-    skip: set[int] = set()
-    for holders, uses in pipe.tied.ties:
-        if len(holders) > 1 and pipe.rank != min(holders):
-            skip.update(id(p) for p in pipe.tied._local(uses))
-    sharded = torch.zeros((), dtype=torch.float64)
-    replicated = torch.zeros((), dtype=torch.float64)
-    for p in params:
-        if p.grad is None or id(p) in skip:
-            continue
-        sq = p.grad.detach().double().pow(2).sum().cpu()
-        if hasattr(p, "tp_spec"):
-            sharded += sq
-        else:
-            replicated += sq
-    comm.all_reduce(sharded, group=mesh.group("tp"))
-    total = (sharded + replicated).reshape(1)
-    comm.all_reduce(total, group=mesh.group("pp"))
-    return math.sqrt(float(total))
