@@ -9,10 +9,8 @@ from __future__ import annotations
 import pytest
 
 from megalith.booster.plugin import HybridParallelPlugin
-from megalith.testing import run_grid
 
-from .tp.common import grid_failures
-from .tp.models import run_case
+from .tp.models import run_cases
 from .tp.pipeline_plugin import PipePluginCase
 
 WORLD2 = [
@@ -35,9 +33,7 @@ WORLD4 = [
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("world", "cases"), [(2, WORLD2), (4, WORLD4)], ids=["world2", "world4"])
 def test_pipelined_plugin_matches_the_whole_model(world, cases):
-    results = run_grid(run_case, cases, world, timeout=220)
-    failures = grid_failures(cases, results)
-    assert not failures, "\n".join(failures)
+    run_cases(cases, world, timeout=220)
 
 
 @pytest.mark.parametrize(

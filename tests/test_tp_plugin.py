@@ -7,10 +7,8 @@ from __future__ import annotations
 import pytest
 
 from megalith.booster.plugin import HybridParallelPlugin
-from megalith.testing import run_grid
 
-from .tp.common import grid_failures
-from .tp.models import run_case
+from .tp.models import run_cases
 from .tp.plugin import BadPluginCase, DropoutCase, PluginCase
 
 CASES = [
@@ -31,9 +29,7 @@ CASES = [
 
 
 def test_hybrid_plugin_matches_unsharded():
-    results = run_grid(run_case, CASES, 4, timeout=180)
-    failures = grid_failures(CASES, results)
-    assert not failures, "\n".join(failures)
+    run_cases(CASES, 4)
 
 
 @pytest.mark.parametrize(

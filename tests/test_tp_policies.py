@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from megalith.testing import run_grid
-
-from .tp.common import grid_failures
 from .tp.custom import CustomCase
 from .tp.errors import ErrorCase
 from .tp.meta import MetaCase
-from .tp.models import ModelCase, run_case
+from .tp.models import ModelCase, run_cases
 from .tp.ulysses import UlyssesCase
 
 
@@ -46,9 +43,4 @@ def cases(world_size: int) -> list[ModelCase]:
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_policies_match_unsharded(world_size):
-    grid = cases(world_size)
-    results = run_grid(run_case, grid, world_size, timeout=180)
-    failures = grid_failures(grid, results)
-    for case, per_rank in zip(grid, results):
-        print(f"{case}: {max(t for _, t in per_rank):.2f} s")
-    assert not failures, "\n".join(failures)
+    run_cases(cases(world_size), world_size)

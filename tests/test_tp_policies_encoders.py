@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from megalith.testing import run_grid
-
-from .tp.common import grid_failures
 from .tp.encoders import EncoderCase, EncoderErrorCase
-from .tp.models import run_case
+from .tp.models import run_cases
 
 
 def cases(world_size: int) -> list:
@@ -30,9 +27,4 @@ def cases(world_size: int) -> list:
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_encoder_policies_match_unsharded(world_size):
-    grid = cases(world_size)
-    results = run_grid(run_case, grid, world_size, timeout=180)
-    failures = grid_failures(grid, results)
-    for case, per_rank in zip(grid, results):
-        print(f"{case}: {max(t for _, t in per_rank):.2f} s")
-    assert not failures, "\n".join(failures)
+    run_cases(cases(world_size), world_size)

@@ -19,7 +19,7 @@ from torch import nn
 import megalith_comm as comm
 from megalith.tensor_parallel import gather_full, shard_model, vocab_parallel_causal_lm_loss
 
-from .common import check, exact_entries, mesh
+from .common import check, exact_entries, grid_failures, mesh
 
 VOCAB, SEQ = 64, 8
 
@@ -91,6 +91,18 @@ def run_case(rank: int, case) -> tuple[list[str], float]:
     """The grid function: any case with a run(rank) method."""
     torch.set_num_threads(1)  # two ranks per core on the CI machine
     return case.run(rank)
+
+
+def run_cases(cases: list, world_size: int, timeout: float = 180) -> None:
+    """Runs every case on world_size ranks (one process group for all); prints each
+    case's time; fails with the first errors of every rank of every case."""
+    from megalith.testing import run_grid
+
+    results = run_grid(run_case, cases, world_size, timeout=timeout)
+    for case, per_rank in zip(cases, results):
+        print(f"{case}: {max(t for _, t in per_rank):.2f} s")
+    failures = grid_failures(cases, results)
+    assert not failures, "\n".join(failures)
 
 
 def run(rank: int, case: ModelCase) -> tuple[list[str], float]:
