@@ -91,6 +91,13 @@ class PipePluginCase:
             opt_ref.zero_grad()
             mine = ids.chunk(dp)[dp_rank]
             batch = {"input_ids": mine, "labels": mine}
+            if step == 0:  # a list (not an iterator) would give the same batch every step
+                try:
+                    booster.execute_pipeline([batch], model, criterion, opt)
+                    errors.append("execute_pipeline took a list")
+                except TypeError as exc:
+                    if "iter(dataloader)" not in str(exc):
+                        errors.append(f"execute_pipeline([batch]): {exc}")
             out = booster.execute_pipeline(iter([batch]), model, criterion, opt, return_loss=True)
             loss = out["loss"].detach().reshape(1).float()
             comm.all_reduce(loss, op="avg", group=plugin.mesh.group("dp"))

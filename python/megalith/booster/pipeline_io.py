@@ -3,7 +3,7 @@
 Files are the whole model's full tensors under the model's own names, the same
 files as every other plugin writes, so they load under any tp x pp x dp layout, a
 plain model, or transformers. Each pp rank holds its stages (gathered over tp
-when sharded); rank 0 collects the stages over the pp group and writes. On load,
+when sharded); world rank 0 collects the stages over its pp group and writes. On load,
 each rank reads the tensors of its own stages (and shards them over tp).
 """
 
@@ -25,13 +25,18 @@ def _names(whole: torch.nn.Module) -> dict[str, int]:
 
 
 def full_state(model: Any, stage_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The whole model's tensors (on every rank), from stage_state: this rank's view of
-    the whole model (full tensors: gathered over tp), of which only its stages are live."""
+    """The whole model's tensors on world rank 0 (the writer; empty elsewhere), from
+    stage_state: this rank's view of the whole model (full tensors: gathered over tp),
+    of which only its stages are live. Only rank 0's pp group sends them."""
+    pp = model.mesh.group("pp")
+    if 0 not in pp.ranks:
+        return {}
     ids, local = _names(model.whole), _local_ids(model)
     mine = {k: v.cpu() for k, v in stage_state.items() if ids.get(k) in local}
-    pp = model.mesh.group("pp")
-    parts: list[Any] = [None] * pp.size
-    dist.all_gather_object(parts, mine, group=pp.gloo)
+    parts: list[Any] | None = [None] * pp.size if pp.rank == 0 else None
+    dist.gather_object(mine, parts, dst=0, group=pp.gloo)
+    if parts is None:
+        return {}
     merged: dict[str, torch.Tensor] = {}
     for part in parts:  # a tied weight comes from each stage holding it, equal after a step
         merged.update(part)

@@ -381,7 +381,12 @@ class HybridParallelPlugin(Plugin):
             raise ValueError(
                 "execute_pipeline: the model must be the one boost() returned with pp_size > 1"
             )
-        return model.step(next(iter(data_iter)), criterion, model.zero_no_sync)
+        if not hasattr(data_iter, "__next__"):
+            raise TypeError(
+                f"execute_pipeline: data_iter must be an iterator (iter(dataloader)), got "
+                f"{type(data_iter).__name__}: each step takes its next batch"
+            )
+        return model.step(next(data_iter), criterion, model.zero_no_sync)
 
     def local_named_parameters(self, model: Any) -> dict[str, torch.nn.Parameter]:
         """This rank's parameters (its stages, its tp shards) by their names in the model."""
