@@ -1,8 +1,15 @@
-"""Lent H200: a 1.3B GPT (seq 2048, bf16) at ZeRO stages 2 and 3 beside plain torch
-(fp32 weights, bf16 autocast, fused AdamW; ../shared/ANCHORS.md: 58,651 tok/s at
-micro-batch 16), same process, one after another.
+"""Lent H200: a 1.3B GPT (d2048 L24 h16, seq 2048, bf16) through each of megalith's paths
+beside plain torch (fp32 weights, bf16 autocast, fused AdamW; ../shared/ANCHORS.md:
+58,651 tok/s, 53.8% MFU at micro-batch 16), same process, one after another.
 
-    python benchmarks/zero/gpu_gpt.py --batch 16 --steps 8 --out benchmarks/results/zero_gpu_<date>.md
+Modes: torch, zero2, zero3 (megalith_zero.shard; issue 4), zero2-offload and
+zero3-offload (every master and optimizer state in pinned host memory; issue 5), booster-ddp and booster-zero2
+(the Booster with TorchDDPPlugin / LowLevelZeroPlugin; issue 7), hybrid-tp1
+(HybridParallelPlugin(tp_size=1)) and tp1-layers (the model sharded by its tensor-parallel
+policy over a one-rank group, so every tp layer and its collectives run; issue 9).
+
+    python -m torch.distributed.run --nproc_per_node 1 benchmarks/zero/gpu_gpt.py \
+        --batch 16 --out benchmarks/results/gpt1p3b_gpu_<date>.md
 """
 
 from __future__ import annotations
@@ -10,6 +17,8 @@ from __future__ import annotations
 import argparse
 import gc
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -17,29 +26,42 @@ import torch
 import megalith_comm as comm
 from megalith import models
 
+H200_BF16_PEAK = 989e12  # datasheet dense bf16, as ANCHORS.md's MFU
 
-def run(mode: str, batch: int, seq: int, steps: int, warmup: int) -> dict:
-    dev = torch.device("cuda")
-    torch.cuda.reset_peak_memory_stats()
-    model = models.create("gpt-1.3b", device=dev, seed=0)
-    if mode == "torch":
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-        net = model
 
-        def step(ids):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = net(ids, labels=ids)[0]
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss
-    else:
+def flops_per_token(model: torch.nn.Module, seq: int) -> float:
+    cfg = model.config
+    n = sum(p.numel() for p in model.parameters())
+    return 6 * n + 12 * cfg.n_layer * cfg.d_model * seq
+
+
+def plain_torch(model):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+    def step(ids):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(ids, labels=ids)[0]
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def zero_stage(stage: int, offload: bool = False):
+    def build(model):
         import megalith_zero as zero
 
+        extra = {}
+        if offload:
+            from megalith_offload import OffloadConfig
+
+            extra["offload"] = OffloadConfig(tier="host", optim_frac=1.0)
         net, opt = zero.shard(
             model,
             torch.optim.AdamW(model.parameters(), lr=1e-4),
-            zero.ZeroConfig(stage=int(mode[-1]), precision="bf16"),
+            zero.ZeroConfig(stage=stage, precision="bf16", **extra),
         )
 
         def step(ids):
@@ -49,24 +71,86 @@ def run(mode: str, batch: int, seq: int, steps: int, warmup: int) -> dict:
             opt.zero_grad()
             return loss
 
+        return step
+
+    return build
+
+
+def booster(make_plugin: Callable[[], object], fused: bool):
+    def build(model):
+        from megalith.booster import Booster
+
+        b = Booster(plugin=make_plugin())
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+        net, opt, *_ = b.boost(model, opt)
+
+        def step(ids):
+            loss = net(ids, labels=ids)[0]
+            b.backward(loss, opt)
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        return step
+
+    return build
+
+
+def tp1_layers(model):
+    from megalith.tensor_parallel import shard_model
+
+    mesh = comm.Mesh(comm.get_world(), dp=1, tp=1, name="tp1")
+    shard_model(model, mesh.group("tp"))
+    return plain_torch(model)
+
+
+def modes() -> dict[str, Callable]:
+    from megalith.booster.plugin import HybridParallelPlugin, LowLevelZeroPlugin, TorchDDPPlugin
+
+    return {
+        "torch": plain_torch,
+        "zero2": zero_stage(2),
+        "zero3": zero_stage(3),
+        "zero2-offload": zero_stage(2, offload=True),
+        "zero3-offload": zero_stage(3, offload=True),
+        "booster-ddp": booster(lambda: _ddp_bf16(TorchDDPPlugin), fused=True),
+        "booster-zero2": booster(lambda: LowLevelZeroPlugin(stage=2, precision="bf16"), False),
+        "hybrid-tp1": booster(lambda: HybridParallelPlugin(tp_size=1, precision="bf16"), True),
+        "tp1-layers": tp1_layers,
+    }
+
+
+def _ddp_bf16(cls):
+    p = cls()
+    p.set_precision("bf16")
+    return p
+
+
+def run(mode: str, build, batch: int, seq: int, steps: int, warmup: int) -> dict:
+    dev = torch.device("cuda")
+    torch.cuda.reset_peak_memory_stats()
+    model = models.create("gpt-1.3b", device=dev, seed=0)
+    fpt = flops_per_token(model, seq)
+    step = build(model)
     g = torch.Generator(device=dev).manual_seed(0)
-    ids = torch.randint(0, 50257, (batch, seq), device=dev, generator=g)
-    for _ in range(warmup):
-        step(ids)
+    ids = [torch.randint(0, 50257, (batch, seq), device=dev, generator=g) for _ in range(2)]
+    for i in range(warmup):
+        step(ids[i % 2])
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for _ in range(steps):
-        loss = step(ids)
+    for i in range(steps):
+        loss = step(ids[i % 2])
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / steps
-    out = {
+    tps = batch * seq / dt
+    return {
         "mode": mode,
-        "tokens_per_s": batch * seq / dt,
+        "tokens_per_s": tps,
+        "mfu": tps * fpt / H200_BF16_PEAK,
         "step_s": dt,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
         "loss": float(loss),
     }
-    return out
 
 
 def main() -> None:
@@ -75,25 +159,41 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--modes", default=",".join(modes()))
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     comm.init()
+    table = modes()
     rows = []
-    for m in ("torch", "zero2", "zero3"):
-        rows.append(run(m, a.batch, a.seq, a.steps, a.warmup))
+    for m in a.modes.split(","):
+        try:
+            rows.append(run(m, table[m], a.batch, a.seq, a.steps, a.warmup))
+            print(rows[-1], flush=True)
+        except Exception:
+            traceback.print_exc()
+            rows.append(
+                {"mode": m, "error": traceback.format_exc(limit=1).strip().splitlines()[-1]}
+            )
         gc.collect()
         torch.cuda.empty_cache()
-    base = rows[0]["tokens_per_s"]
+    base = next((r["tokens_per_s"] for r in rows if r["mode"] == "torch"), None)
     lines = [
-        f"# GPT 1.3B (d2048 L24 h16), seq {a.seq}, micro-batch {a.batch}, bf16, one H200",
+        f"# GPT 1.3B (d2048 L24 h16), seq {a.seq}, micro-batch {a.batch}, bf16, "
+        f"one {torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d')}",
         "",
-        "| run | tokens/s | vs plain torch | step (s) | peak GPU memory (GiB) |",
-        "|---|---|---|---|---|",
+        "MFU counts 6N + 12*L*d*seq flops per token against 989 TFLOP/s (as ANCHORS.md).",
+        "",
+        "| run | tokens/s | vs plain torch | MFU | step (s) | peak GPU memory (GiB) | loss |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['mode']} | failed: {r['error']} | | | | | |")
+            continue
+        ratio = f"{r['tokens_per_s'] / base:.3f}x" if base else "-"
         lines.append(
-            f"| {r['mode']} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / base:.2f}x | "
-            f"{r['step_s']:.3f} | {r['peak_gib']:.1f} |"
+            f"| {r['mode']} | {r['tokens_per_s']:,.0f} | {ratio} | {r['mfu']:.1%} | "
+            f"{r['step_s']:.3f} | {r['peak_gib']:.1f} | {r['loss']:.4f} |"
         )
     text = "\n".join(lines) + "\n"
     print(text)
