@@ -11,6 +11,8 @@ A tensor-parallel model's shards (parameters and optimizer states) are gathered
 over the tp group to the full tensors, one at a time as the writer takes them,
 and on loading each rank takes its shard (ShardSpec.take); under ZeRO the same
 is done chunk by chunk through megalith_zero's full checkpoints with tp_layout.py. So tp 2 files load at tp 1 and back.
+A pipelined model's (pp_size > 1) stages write the same files: pipeline_io.py collects
+them on rank 0, and names a stage's parameters (and ZeRO's) by the whole model.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -180,11 +183,22 @@ def _kind(optim: torch.optim.Optimizer) -> str:
     raise ValueError(f"saving {name}: megalith checkpoints hold Adam/AdamW, SGD or Lion states")
 
 
-def _tp_group(optimizer: Any) -> Any:
-    """The tensor-parallel group of a boosted optimizer's model, or None."""
-    model = getattr(optimizer, "model", None)
-    info = getattr(model.unwrap(), "tp_info", None) if model is not None else None
+def _model_of(optimizer: Any) -> Any:
+    """The boosted model an optimizer steps: its pipeline model when pipelined."""
+    return getattr(optimizer, "pipeline_model", None) or getattr(optimizer, "model", None)
+
+
+def _tp_group(model: Any) -> Any:
+    """The tensor-parallel group of a boosted model, or None."""
+    raw = model.whole if isinstance(model, PipelineModel) else model.unwrap()
+    info = getattr(raw, "tp_info", None)
     return info.group if info is not None else None
+
+
+def _param_names(model: Any) -> dict[int, str]:
+    """Parameter names (a tied one under its first name) in the model as given to boost()."""
+    raw = model.whole if isinstance(model, PipelineModel) else model.unwrap()
+    return {id(p): n for n, p in raw.named_parameters()}
 
 
 def _full(t: torch.Tensor, p: torch.Tensor, tp: Any) -> torch.Tensor:
@@ -201,29 +215,17 @@ def _local(full: torch.Tensor, spec: Any, tp: Any) -> torch.Tensor:
     return spec.take(full, tp.rank, tp.size) if spec is not None else full
 
 
-def _refuse_pipelined(optimizer: Any, what: str) -> None:
-    if getattr(optimizer, "pipelined", False):
-        raise NotImplementedError(
-            f"Booster.{what}: optimizer files of a pipelined model (pp_size > 1) are not built "
-            "yet; save_model works, and the optimizer restarts from its defaults"
-        )
+def _pipeline_layout(model: PipelineModel, zopt: Any) -> Any:
+    """ZeRO's file layout for a pipeline stage: tp shards, named by the whole model."""
+    files = pipeline_io.stage_file_names(model)
+    return tp_layout(zopt.model, tp=model.mesh.group("tp"), file_names=files)
 
 
-def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard: int) -> None:
-    """Collective; rank 0 writes. A tensor-parallel model's states are gathered over the
-    tp group one tensor at a time as the writer takes them (never all at once)."""
-    _refuse_pipelined(optimizer, "save_optimizer")
-    zero = _zero()
-    path = Path(checkpoint)
-    max_bytes = size_per_shard << 20 if shard else 1 << 62
-    if isinstance(optimizer, ZeroOptimizerWrapper):
-        zopt = optimizer.optim
-        layout = _zero_layout(zopt.model)
-        zero.save_full_optimizer(zopt.model, zopt, path, max_bytes, layout=layout)
-        return
-    optim = optimizer.optim
-    tp = _tp_group(optimizer)
-    names = {id(p): n for n, p in optimizer.model.unwrap().named_parameters()}
+def _plain_states(optimizer: Any) -> tuple[list, dict, Iterator[tuple[str, torch.Tensor]]]:
+    """A torch optimizer's (plan, params, full states): see megalith_zero.full_optimizer."""
+    optim, model = optimizer.optim, _model_of(optimizer)
+    tp = _tp_group(model)
+    names = _param_names(model)
     params, plan, work = {}, [], []
     for gi, g in enumerate(optim.param_groups):
         for p in g["params"]:
@@ -236,17 +238,47 @@ def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard:
                     key = f"{names[id(p)]}{SEP}{k}"
                     work.append((key, v, p))
                     plan.append((key, v.numel() * 4 * parts))
+    return plan, params, ((key, _full(v, p, tp)) for key, v, p in work)
+
+
+def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard: int) -> None:
+    """Collective; rank 0 writes. A tensor-parallel model's states are gathered over the
+    tp group one tensor at a time as the writer takes them (never all at once); a
+    pipelined model's stages are collected on rank 0 first (pipeline_io.py)."""
+    zero = _zero()
+    path = Path(checkpoint)
+    max_bytes = size_per_shard << 20 if shard else 1 << 62
+    model = _model_of(optimizer)
+    pipelined = isinstance(model, PipelineModel)
+    if isinstance(optimizer, ZeroOptimizerWrapper) and not pipelined:
+        zopt = optimizer.optim
+        layout = _zero_layout(zopt.model)
+        zero.save_full_optimizer(zopt.model, zopt, path, max_bytes, layout=layout)
+        return
+    if isinstance(optimizer, ZeroOptimizerWrapper):
+        zopt = optimizer.optim
+        zopt.reducer.wait()
+        layout = _pipeline_layout(model, zopt)
+        plan, params = zero.full_optimizer.full_plan(zopt, layout)
+        states = zero.full_optimizer.full_states(zopt, layout)
+        kind, groups, scaler = zopt.rule.kind, zopt.optimizer.param_groups, None
+    else:
+        plan, params, states = _plain_states(optimizer)
+        kind, groups = _kind(optimizer.optim), optimizer.optim.param_groups
+        scaler = getattr(optimizer, "scaler", None)
+    if pipelined:
+        plan, params, tensors = pipeline_io.full_optimizer_states(model, plan, params, states, SEP)
+        states = iter(tensors.items())
     rank0 = world().rank == 0
     out = zero.files.StreamedFiles(path, "optimizer", plan, max_bytes, write=rank0)
-    for key, v, p in work:
-        out.add(key, _full(v, p, tp))
+    for key, t in states:
+        out.add(key, t)
     out.finish()
     if rank0:
-        scaler = getattr(optimizer, "scaler", None)
         meta = {
             "format": zero.full_optimizer.FORMAT,
-            "kind": _kind(optim),
-            "param_groups": zero.full_optimizer.hyperparameters(optim.param_groups),
+            "kind": kind,
+            "param_groups": zero.full_optimizer.hyperparameters(groups),
             "params": params,
             # the scale in megalith_zero's form (a ZeRO plugin reads it) and GradScaler's own state
             "loss_scale": {"scale": float(scaler.get_scale()), "clean_steps": 0}
@@ -259,13 +291,18 @@ def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard:
 
 
 def load_optimizer(optimizer: Any, checkpoint: str) -> None:
-    """A tensor-parallel model's ranks each take their shard of every full state."""
-    _refuse_pipelined(optimizer, "load_optimizer")
+    """A tensor-parallel model's ranks each take their shard of every full state; a
+    pipelined model's ranks read their stages' parameters only."""
     zero = _zero()
     path = Path(checkpoint)
+    model = _model_of(optimizer)
     if isinstance(optimizer, ZeroOptimizerWrapper):
         zopt = optimizer.optim
-        zero.load_full_optimizer(zopt.model, zopt, path, layout=_zero_layout(zopt.model))
+        if isinstance(model, PipelineModel):
+            layout = _pipeline_layout(model, zopt)
+        else:
+            layout = _zero_layout(zopt.model)
+        zero.load_full_optimizer(zopt.model, zopt, path, layout=layout)
         return
     meta = zero.full_optimizer.read_meta(path)
     optim = optimizer.optim
@@ -273,12 +310,13 @@ def load_optimizer(optimizer: Any, checkpoint: str) -> None:
         raise ValueError(
             f"{path} holds {meta['kind']} states but the optimizer is {type(optim).__name__}"
         )
-    tp = _tp_group(optimizer)
-    names = {id(p): n for n, p in optimizer.model.unwrap().named_parameters()}
+    tp = _tp_group(model)
+    names = _param_names(model)
     state: dict[int, dict[str, Any]] = {}
     groups = []
     index = 0
     with zero.files.TensorReader(path, "optimizer") as reader:
+        keys = list(reader.keys())
         for gi, g in enumerate(optim.param_groups):
             ids = []
             for p in g["params"]:
@@ -287,7 +325,7 @@ def load_optimizer(optimizer: Any, checkpoint: str) -> None:
                 spec = getattr(p, "tp_spec", None) if tp is not None else None
                 entry = {
                     k.split(SEP, 1)[1]: _local(reader.get(k), spec, tp).to(p.device)
-                    for k in reader.keys()
+                    for k in keys
                     if k.startswith(name + SEP)
                 }
                 if entry or saved["step"]:

@@ -19,8 +19,10 @@ import torch
 from .plugin.base import require, world
 
 
-def tp_layout(zmodel: Any) -> Any:
-    """A megalith_zero.FileLayout for zmodel's tp shards."""
+def tp_layout(zmodel: Any, tp: Any = None, file_names: dict[str, str] | None = None) -> Any:
+    """A megalith_zero.FileLayout for zmodel's tp shards over tp (default: the model's
+    tp group); file_names maps ZeRO's parameter names to the files' (a pipeline stage's
+    names to the whole model's: pipeline_io.stage_file_names)."""
     zero = require("megalith_zero", "megalith-zero", "reading and writing megalith checkpoints")
 
     class TensorParallelLayout(zero.FileLayout):
@@ -28,7 +30,11 @@ def tp_layout(zmodel: Any) -> Any:
             raw = zmodel.module
             state = raw.state_dict(keep_vars=True)
             self.specs = {n: getattr(t, "tp_spec", None) for n, t in state.items()}
-            self.tp = raw.tp_info.group
+            self.tp = tp if tp is not None else raw.tp_info.group
+            self.names = file_names or {}
+
+        def file_name(self, name: str) -> str:
+            return self.names.get(name, name)
 
         def full_numel(self, name: str, numel: int) -> int:
             return numel * (self.tp.size if self.specs.get(name) is not None else 1)

@@ -6,7 +6,9 @@ parameters handed to ZeRO are themselves shards of larger tensors (tensor
 parallelism: ZeRO then shards a shard over its dp group), the caller passes a
 FileLayout that joins each tensor into the whole one on save (a collective over
 its own group, called on every rank in the same order) and takes this rank's part
-on load. The files stay the same, so they load under any layout.
+on load. The files stay the same, so they load under any layout. `file_name` maps
+the name ZeRO knows a parameter by to its key in the optimizer files (a pipeline
+stage's parameters go by their names in the whole model they were cut from).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import megalith_comm as comm
 
 class FileLayout:
     """The identity: parameters are whole tensors; rank 0 of ZeRO's group writes."""
+
+    def file_name(self, name: str) -> str:
+        return name
 
     def full_numel(self, name: str, numel: int) -> int:
         return numel

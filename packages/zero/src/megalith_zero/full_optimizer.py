@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,46 @@ def hyperparameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in g.items() if k != "params"} for g in groups]
 
 
+def full_plan(
+    zopt: ZeroOptimizer, layout: FileLayout = IDENTITY
+) -> tuple[list[tuple[str, int]], dict[str, dict[str, int]]]:
+    """The files' keys with their fp32 byte counts, in the order full_states yields them,
+    and optimizer.json's "params" (group and step per parameter), under layout's names."""
+    names_of = {gi: zopt.rule.state_names(g) for gi, g in enumerate(zopt.optimizer.param_groups)}
+    plan, params = [], {}
+    for c in zopt.trainable:
+        for s, step in zip(c.spec.slots, c.steps):
+            params[layout.file_name(s.name)] = {"group": c.spec.group, "step": step}
+        for state in names_of[c.spec.group] if any(c.steps) else ():
+            for s, step in zip(c.spec.slots, c.steps):
+                if step:  # torch keeps no state for a parameter that never stepped
+                    size = layout.full_numel(s.name, s.numel) * 4
+                    plan.append((f"{layout.file_name(s.name)}{SEP}{state}", size))
+    return plan, params
+
+
+def full_states(
+    zopt: ZeroOptimizer, layout: FileLayout = IDENTITY
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Collective over ZeRO's group (and layout's): every full state as a CPU tensor, in
+    full_plan's order, gathered one chunk and one state at a time."""
+    group = zopt.model.group
+    names_of = {gi: zopt.rule.state_names(g) for gi, g in enumerate(zopt.optimizer.param_groups)}
+    for c in zopt.trainable:
+        if not any(c.steps):
+            continue
+        for state in names_of[c.spec.group]:
+            c.ensure_states(names_of[c.spec.group])
+            device = c.shard.device  # offloaded states are on the host: gather where comm is
+            full = torch.empty(c.spec.numel, dtype=torch.float32, device=device)
+            comm.all_gather(full, c.states[state].to(device), group=group)
+            for s, step in zip(c.spec.slots, c.steps):
+                if step:
+                    part = full[s.offset : s.offset + s.numel].view(s.shape)
+                    key = f"{layout.file_name(s.name)}{SEP}{state}"
+                    yield key, layout.to_full(s.name, part).cpu()
+
+
 @with_resident_states
 def save_full_optimizer(
     zmodel: ZeroModel,
@@ -48,29 +89,10 @@ def save_full_optimizer(
     path = Path(path)
     rank0 = layout.writes(zmodel.group)
     zopt.reducer.wait()
-    group = zmodel.group
-    names_of = {gi: zopt.rule.state_names(g) for gi, g in enumerate(zopt.optimizer.param_groups)}
-    plan, params = [], {}
-    for c in zopt.trainable:
-        names = names_of[c.spec.group]
-        for s, step in zip(c.spec.slots, c.steps):
-            params[s.name] = {"group": c.spec.group, "step": step}
-            if step:  # torch keeps no state for a parameter that never stepped
-                size = layout.full_numel(s.name, s.numel) * 4
-                plan += [(f"{s.name}{SEP}{n}", size) for n in names]
+    plan, params = full_plan(zopt, layout)
     out = StreamedFiles(path, "optimizer", plan, max_shard_bytes, write=rank0)
-    for c in zopt.trainable:
-        if not any(c.steps):
-            continue
-        for state in names_of[c.spec.group]:
-            c.ensure_states(names_of[c.spec.group])
-            device = c.shard.device  # offloaded states are on the host: gather where comm is
-            full = torch.empty(c.spec.numel, dtype=torch.float32, device=device)
-            comm.all_gather(full, c.states[state].to(device), group=group)
-            for s, step in zip(c.spec.slots, c.steps):
-                if step:
-                    part = full[s.offset : s.offset + s.numel].view(s.shape)
-                    out.add(f"{s.name}{SEP}{state}", layout.to_full(s.name, part).cpu())
+    for key, tensor in full_states(zopt, layout):
+        out.add(key, tensor)
     out.finish()
     if rank0:
         meta = {
@@ -81,7 +103,7 @@ def save_full_optimizer(
             "loss_scale": zopt.scaler.state_dict() if zopt.scaler else None,
         }
         atomic_json(meta, path / "optimizer.json")
-    layout.barrier(group)
+    layout.barrier(zmodel.group)
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -120,10 +142,13 @@ def load_full_optimizer(
             c.ensure_states(names)
             for st in c.states.values():
                 st.zero_()
-            c.steps = [int(meta["params"].get(s.name, {}).get("step", 0)) for s in c.spec.slots]
+            c.steps = [
+                int(meta["params"].get(layout.file_name(s.name), {}).get("step", 0))
+                for s in c.spec.slots
+            ]
             for seg in c.spec.segments(rank):
                 for n in names:
-                    key = f"{seg.slot.name}{SEP}{n}"
+                    key = f"{layout.file_name(seg.slot.name)}{SEP}{n}"
                     if reader.has(key):
                         src = layout.to_local(seg.slot.name, reader.get(key)).reshape(-1)
                         src = src[seg.param_start : seg.param_start + seg.length]

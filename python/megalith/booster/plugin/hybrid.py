@@ -33,6 +33,9 @@ Checkpoints (Booster.save_model / save_optimizer) are layout-free at every
 zero_stage: full, unsharded tensors and optimizer states keyed by parameter name,
 gathered over tp (and dp under ZeRO) and written by rank 0 one parameter at a
 time (see checkpoint_io.py and tp_layout.py); they load under any tp size or plugin.
+With pp_size > 1 the files are the same: rank 0 collects the stages over pp
+(pipeline_io.py), a weight tied across stages written once, so a pipelined run
+resumes under another tp x pp x dp layout, without a pipeline, or under DDP.
 """
 
 from __future__ import annotations
@@ -143,7 +146,10 @@ class PipelineOptimizer(HybridOptimizer):
     """pp_size > 1: the pipeline runs backward (execute_pipeline) and averages over dp;
     clipping spans tp shards and stages."""
 
-    pipelined = True  # checkpoint_io: no optimizer files for stages yet
+    @property
+    def pipeline_model(self) -> PipelineModel:
+        """checkpoint_io: the stages' whole model names their optimizer states."""
+        return self.model
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         raise RuntimeError(
@@ -373,7 +379,7 @@ class HybridParallelPlugin(Plugin):
         _, zopt = zero.shard(pipe.module, optimizer, config, mesh=self.mesh, axis="dp")
         wrapped.zero_no_sync = zopt.no_sync
         zwrapped = ZeroOptimizerWrapper(zopt, 0.0)
-        zwrapped.pipelined = True  # checkpoint_io: no optimizer files for stages yet
+        zwrapped.pipeline_model = wrapped  # checkpoint_io: names the stages' states
         return wrapped, zwrapped, criterion, dataloader, lr_scheduler
 
     def execute_pipeline(self, data_iter: Any, model: Any, criterion: Any, optimizer: Any) -> Any:
