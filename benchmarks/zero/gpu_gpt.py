@@ -32,14 +32,14 @@ H200_BF16_PEAK = 989e12  # datasheet dense bf16, as ANCHORS.md's MFU
 def flops_per_token(model: torch.nn.Module, seq: int) -> float:
     cfg = model.config
     n = sum(p.numel() for p in model.parameters())
-    return 6 * n + 12 * cfg.n_layer * cfg.d_model * seq
+    return 6 * n + 12 * cfg.n_layers * cfg.d_model * seq
 
 
 def plain_torch(model):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
     def step(ids):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(ids.device.type, dtype=torch.bfloat16):
             loss = model(ids, labels=ids)[0]
         loss.backward()
         opt.step()
@@ -126,21 +126,30 @@ def _ddp_bf16(cls):
     return p
 
 
-def run(mode: str, build, batch: int, seq: int, steps: int, warmup: int) -> dict:
-    dev = torch.device("cuda")
-    torch.cuda.reset_peak_memory_stats()
-    model = models.create("gpt-1.3b", device=dev, seed=0)
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run(
+    mode: str, build, model_name: str, ckpt: bool, batch: int, seq: int, steps: int, warmup: int
+) -> dict:
+    cuda = torch.cuda.is_available()  # CPU only for a smoke test of this script
+    dev = torch.device("cuda" if cuda else "cpu")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    model = models.create(model_name, device=dev, seed=0, activation_checkpointing=ckpt)
     fpt = flops_per_token(model, seq)
     step = build(model)
     g = torch.Generator(device=dev).manual_seed(0)
     ids = [torch.randint(0, 50257, (batch, seq), device=dev, generator=g) for _ in range(2)]
     for i in range(warmup):
         step(ids[i % 2])
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     for i in range(steps):
         loss = step(ids[i % 2])
-    torch.cuda.synchronize()
+    sync()
     dt = (time.perf_counter() - t0) / steps
     tps = batch * seq / dt
     return {
@@ -148,13 +157,15 @@ def run(mode: str, build, batch: int, seq: int, steps: int, warmup: int) -> dict
         "tokens_per_s": tps,
         "mfu": tps * fpt / H200_BF16_PEAK,
         "step_s": dt,
-        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
-        "loss": float(loss),
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+        "loss": float(loss.detach()),
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="gpt-1.3b")
+    ap.add_argument("--ckpt", action="store_true", help="activation checkpointing")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=8)
@@ -167,7 +178,7 @@ def main() -> None:
     rows = []
     for m in a.modes.split(","):
         try:
-            rows.append(run(m, table[m], a.batch, a.seq, a.steps, a.warmup))
+            rows.append(run(m, table[m], a.model, a.ckpt, a.batch, a.seq, a.steps, a.warmup))
             print(rows[-1], flush=True)
         except Exception:
             traceback.print_exc()
@@ -175,11 +186,13 @@ def main() -> None:
                 {"mode": m, "error": traceback.format_exc(limit=1).strip().splitlines()[-1]}
             )
         gc.collect()
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     base = next((r["tokens_per_s"] for r in rows if r["mode"] == "torch"), None)
     lines = [
-        f"# GPT 1.3B (d2048 L24 h16), seq {a.seq}, micro-batch {a.batch}, bf16, "
-        f"one {torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d')}",
+        f"# {a.model}, seq {a.seq}, micro-batch {a.batch}, bf16, ckpt {a.ckpt}, "
+        f"one {torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}, "
+        f"{time.strftime('%Y-%m-%d')}",
         "",
         "MFU counts 6N + 12*L*d*seq flops per token against 989 TFLOP/s (as ANCHORS.md).",
         "",
