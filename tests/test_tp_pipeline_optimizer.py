@@ -15,14 +15,14 @@ from .tp.pipeline_optimizer import Layout, ResumeCase
 TP2, PP2, TP2PP2 = Layout(tp=2), Layout(pp=2), Layout(tp=2, pp=2)
 WORLD2 = [
     ResumeCase(PP2, TP2),  # GPT-2's head tied to the embedding on the other stage
-    ResumeCase(TP2, PP2, family="llama"),
+    ResumeCase(TP2, PP2, family="llama", wrong_kind=True),
 ]
 ZBV_ZERO = Layout(tp=2, pp=2, zero_stage=1, style="zbv")  # GPT-2's tie on one rank
 WORLD4 = [
     ResumeCase(TP2PP2, Layout(pp=2, zero_stage=1, style="zbv")),
     ResumeCase(TP2PP2, Layout(tp=2, zero_stage=1)),
     ResumeCase(Layout(ddp=True), TP2PP2),
-    ResumeCase(Layout(pp=4), ZBV_ZERO),
+    ResumeCase(Layout(pp=4), ZBV_ZERO, wrong_kind=True),
     ResumeCase(ZBV_ZERO, Layout(pp=4)),
     ResumeCase(Layout(pp=2, zero_stage=1), Layout(ddp=True), family="llama"),
     ResumeCase(

@@ -20,7 +20,7 @@ from megalith.booster import Booster
 from megalith.booster.plugin import HybridParallelPlugin, TorchDDPPlugin
 from megalith.tensor_parallel import gather_full
 
-from .common import check, exact_entries
+from .common import check, exact_entries, expect_value_error
 from .pipeline_plugin import SEQ, VOCAB, build, criterion
 
 BATCH, LR, WD = 12, 1e-3, 0.1  # BATCH: whole micro-batches at dp 1, 2 and 4
@@ -43,7 +43,7 @@ class Layout:
         style = f" {self.style}" if self.pp > 1 and self.style != "1f1b" else ""
         return f"tp{self.tp} pp{self.pp}{style} zero{self.zero_stage}"
 
-    def boost(self, model: torch.nn.Module):
+    def boost(self, model: torch.nn.Module, lr: float = LR, sgd: bool = False):
         if self.ddp:
             plugin = TorchDDPPlugin()
         else:
@@ -56,7 +56,10 @@ class Layout:
                 num_microbatches=2 if self.pp > 1 else None,
             )
         booster = Booster(plugin=plugin)
-        opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD)
+        if sgd:
+            opt = torch.optim.SGD(model.parameters(), lr=lr)
+        else:
+            opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=WD)
         model, opt, *_ = booster.boost(model, opt)
         return booster, plugin, model, opt
 
@@ -88,6 +91,7 @@ class ResumeCase:
     layers: int = 4
     before: int = 2  # steps before the checkpoint
     after: int = 2  # steps after it
+    wrong_kind: bool = False  # also: loading into SGD under the load layout fails, named
 
     def __str__(self) -> str:
         return f"{self.family}: {self.save} -> {self.load}"
@@ -119,7 +123,8 @@ class ResumeCase:
         with torch.no_grad():  # another start, so a load that does nothing shows
             for p in fresh.parameters():
                 p.mul_(0.5)
-        booster, plugin, model, opt = self.load.boost(fresh)
+        # the lr (and every hyperparameter) comes from the files
+        booster, plugin, model, opt = self.load.boost(fresh, lr=10 * LR)
         booster.load_model(model, os.path.join(path, "model"))
         booster.load_optimizer(opt, os.path.join(path, "optim"))
         for ids in batches[self.before :]:
@@ -131,6 +136,10 @@ class ResumeCase:
         for name, full in mine.items():
             keep = exact_entries(name, want[name])
             check(errors, f"weight {name}", full[keep].float(), want[name].detach()[keep], 1e-5)
+        if self.wrong_kind:
+            other, _, _, sgd = self.load.boost(build(self.family, self.layers), sgd=True)
+            load = lambda: other.load_optimizer(sgd, os.path.join(path, "optim"))  # noqa: E731
+            expect_value_error(errors, "AdamW files into SGD", load, "adam")
         comm.barrier()
         if comm.get_world().rank == 0:
             shutil.rmtree(path, ignore_errors=True)

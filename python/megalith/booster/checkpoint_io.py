@@ -308,7 +308,8 @@ def load_optimizer(optimizer: Any, checkpoint: str) -> None:
     optim = optimizer.optim
     if meta["kind"] != _kind(optim):
         raise ValueError(
-            f"{path} holds {meta['kind']} states but the optimizer is {type(optim).__name__}"
+            f"{path} holds {meta['kind']} states but the optimizer is {type(optim).__name__}; "
+            "build the same kind of optimizer as the one that saved it"
         )
     tp = _tp_group(model)
     names = _param_names(model)
