@@ -12,6 +12,7 @@ same order even when different ranks leave different parameters unused.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -52,7 +53,15 @@ class GradReducer:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._hook(k, i)))
 
     def _hook(self, k: int, i: int) -> Callable[[torch.Tensor], None]:
+        # The hook lives on the parameter, which views chunk memory that this reducer
+        # holds; a strong reference would close a cycle through C++ that Python's
+        # collector cannot see, and every chunk would outlive the model.
+        me = weakref.ref(self)
+
         def on_grad(p: torch.Tensor) -> None:
+            self = me()
+            if self is None:
+                return
             if not self._in_backward:
                 self._in_backward = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
