@@ -17,9 +17,9 @@ for m in torch zero2 zero3 zero3-noprefetch; do run1 benchmarks/zero/gpu_loss_ch
 CUDA_LAUNCH_BLOCKING=1 run1 benchmarks/zero/gpu_loss_check.py --mode zero3 | tail -3 | sed 's/zero3/zero3-launch-blocking/' | tee -a "$OUT/losses.txt"
 for m in ${MODES:-torch booster-ddp hybrid-tp1 tp1-layers zero2 zero3 booster-zero2 torch}; do
   log "bench $m"
-  run1 benchmarks/zero/gpu_gpt.py --batch 16 --modes $m --out "$OUT/gpt_$m.md" > "$OUT/gpt_$m.log"
-  grep "'mode'" "$OUT/gpt_$m.log" || tail -5 "$OUT/gpt_$m.log"
-  tail -1 "$OUT/gpt_$m.md" >> "$OUT/gpt1p3b_rows.md"
+  run1 benchmarks/zero/gpu_gpt.py --batch 16 --modes $m --out "/tmp/gpt_$m.md" > "/tmp/gpt_$m.log"
+  grep "'mode'" "/tmp/gpt_$m.log" || tail -5 "/tmp/gpt_$m.log"
+  tail -1 "/tmp/gpt_$m.md" >> "$OUT/gpt1p3b_rows.md"
 done
 cat "$OUT/gpt1p3b_rows.md"
 log done
