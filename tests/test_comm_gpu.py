@@ -109,3 +109,39 @@ def identity_on_one_gpu(rank: int) -> list:
 @pytest.mark.skipif(not gpus_for(1), reason="needs a CUDA GPU")
 def test_world_of_one_gpu_is_the_identity():
     assert run_distributed(identity_on_one_gpu, 1, timeout=100, backend="nccl") == [[0, 1, 2, 3]]
+
+
+def side_stream_results_on_one_gpu(rank: int) -> list[str]:
+    """Collectives issued on a side stream behind slow work, waited for on the current
+    stream, then read there at once: the wait must order the read after the result."""
+    dev = comm.get_world().device
+    side = torch.cuda.Stream(dev)
+    wrong = []
+    n = 1 << 22
+    for name in ("all_gather", "reduce_scatter", "all_to_all", "all_reduce", "broadcast"):
+        src = torch.randn(n, device=dev)
+        dst = torch.full((n,), float("nan"), device=dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(100_000_000)  # tens of ms of side-stream work first
+            if name in ("all_reduce", "broadcast"):
+                dst.copy_(src)  # written on the side stream, like a bucket's staging
+                args = (dst,) if name == "all_reduce" else (dst, 0)
+            else:
+                args = (dst, src)
+            handle = getattr(comm, name)(*args, async_op=True)
+        handle.wait()
+        if not torch.equal(dst, src):  # read on the current stream
+            wrong.append(name)
+        torch.cuda.synchronize(dev)
+    return wrong
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not gpus_for(1), reason="needs a CUDA GPU")
+def test_one_rank_collective_on_a_side_stream_orders_the_waiter():
+    # ZeRO-3 gathers on a side stream; at world 1 a gather is a local copy, and its
+    # handle once ordered nothing, so forward read half-copied parameters (seen as
+    # losses that drifted from ZeRO-2's on one H200).
+    assert run_distributed(side_stream_results_on_one_gpu, 1, timeout=100, backend="nccl") == [[]]

@@ -49,7 +49,7 @@ def test_toy_stages_on_gpu_match_torch():
             assert err < 1e-5, f"stage {stage}: {n} differs from torch by {err:.3g}"
 
 
-def gpt_steps(rank: int, stage: int | None, steps: int = 3):
+def gpt_steps(rank: int, stage: int | None, steps: int = 4):
     from megalith import models
 
     dev = torch.device("cuda")
@@ -83,11 +83,23 @@ def gpt_steps(rank: int, stage: int | None, steps: int = 3):
 @gpu
 def test_gpt_1_3b_bf16_stages_2_and_3():
     plain, plain_mem = run_distributed(gpt_steps, 1, None, backend="nccl", timeout=600)[0]
+    by_stage = {}
     for stage in (2, 3):
-        losses, mem = run_distributed(gpt_steps, 1, stage, backend="nccl", timeout=600)[0]
+        losses, mem = by_stage[stage] = run_distributed(
+            gpt_steps, 1, stage, backend="nccl", timeout=600
+        )[0]
         assert abs(losses[0] - plain[0]) < 2e-2 * plain[0], (stage, losses, plain)
         assert losses[-1] < losses[0], (stage, losses)
         assert all(abs(a - b) < 5e-2 * b for a, b in zip(losses, plain)), (stage, losses, plain)
         assert mem < plain_mem, (
             f"stage {stage} peak {mem / 2**30:.1f} GiB >= plain {plain_mem / 2**30:.1f} GiB"
+        )
+    # Stages 2 and 3 compute the same numbers (at world 1 a gather is a copy): only
+    # kernel nondeterminism separates them (<3e-5 relative, seen with
+    # CUDA_LAUNCH_BLOCKING=1); a gather that races forward drifts by >2.5e-4 from step 0.
+    for a, b in zip(by_stage[2][0], by_stage[3][0]):
+        assert abs(a - b) < 1e-4 * a, (
+            "stage 3 drifts from stage 2",
+            by_stage[2][0],
+            by_stage[3][0],
         )

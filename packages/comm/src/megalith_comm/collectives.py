@@ -88,7 +88,7 @@ def all_reduce(
         g, "all_reduce", dtype=tensor.dtype, device=tensor.device.type, redop=op, shape=tensor.shape
     )
     if g.size == 1:
-        return finish(Handle.done(), async_op)
+        return finish(Handle.local(g, tensor.device), async_op)
     ops = ops_for(g, tensor.device)
     then: Then = []
     flat = _staged(tensor, then)
@@ -167,7 +167,7 @@ def reduce_scatter(
     )
     if g.size == 1:
         output.copy_((pieces[0] if pieces else input).reshape(output.shape))
-        return finish(Handle.done(), async_op)
+        return finish(Handle.local(g, output.device), async_op)
     ops = ops_for(g, output.device)
     then: Then = []
     if pieces is None:
@@ -223,7 +223,7 @@ def all_gather(
     if g.size == 1:
         target = output[0] if sizes else output
         target.copy_(input.reshape(target.shape))
-        return finish(Handle.done(), async_op)
+        return finish(Handle.local(g, input.device), async_op)
     ops = ops_for(g, input.device)
     then: Then = []
     if sizes is None:
@@ -256,7 +256,7 @@ def broadcast(
         g, "broadcast", dtype=tensor.dtype, device=tensor.device.type, root=src, shape=tensor.shape
     )
     if g.size == 1:
-        return finish(Handle.done(), async_op)
+        return finish(Handle.local(g, tensor.device), async_op)
     ops = ops_for(g, tensor.device)
     then: Then = []
     flat = _staged(tensor, then)
@@ -287,7 +287,7 @@ def reduce(
         shape=tensor.shape,
     )
     if g.size == 1:
-        return finish(Handle.done(), async_op)
+        return finish(Handle.local(g, tensor.device), async_op)
     ops = ops_for(g, tensor.device)
     then: Then = []
     flat = _staged(tensor, then)
@@ -342,7 +342,7 @@ def all_to_all(
     )
     if g.size == 1:
         output.copy_(input)
-        return finish(Handle.done(), async_op)
+        return finish(Handle.local(g, input.device), async_op)
     ops = ops_for(g, input.device)
     then: Then = []
     send = input.contiguous()

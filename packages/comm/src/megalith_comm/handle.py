@@ -31,6 +31,22 @@ class StreamWork:
         return bool(self._work.is_completed())
 
 
+class EventWork:
+    """Work already queued on the caller's CUDA stream (a one-rank group's local copy):
+    waiting orders the waiter's current stream after it, like the engine's Work."""
+
+    def __init__(self, device: torch.device):
+        self._event = torch.cuda.Event()
+        self._event.record(torch.cuda.current_stream(device))
+        self._device = device
+
+    def wait(self) -> None:
+        torch.cuda.current_stream(self._device).wait_event(self._event)
+
+    def is_completed(self) -> bool:
+        return bool(self._event.query())
+
+
 class Handle:
     """A collective in flight. `wait()` blocks (Gloo) or orders the current stream (NCCL)
     after it, runs its completion steps once, and returns `result`."""
@@ -55,6 +71,16 @@ class Handle:
         handle = cls(None, "", result=result)
         handle._done = True
         return handle
+
+    @classmethod
+    def local(cls, group: Any, device: torch.device) -> Handle:
+        """A one-rank group's collective, done by the caller (a copy or nothing). On CUDA
+        its work was queued on the caller's current stream, which may be a side stream:
+        wait() must order the waiter's stream after it, as for a real collective."""
+        if device.type != "cuda":
+            return cls.done()
+        return cls(group, f"local collective on group {getattr(group, 'name', '')!r}",
+                   [EventWork(device)])  # fmt: skip
 
     def is_completed(self) -> bool:
         return self._done or all(w.is_completed() for w in self._works)
