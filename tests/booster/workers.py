@@ -57,3 +57,26 @@ def train(rank: int, run: Run):
             booster.save_optimizer(opt, f"{run.save_dir}/optim", shard=True, size_per_shard=1)
             booster.save_lr_scheduler(sched, f"{run.save_dir}/sched.json")
     return losses if rank == 0 else None
+
+
+def plain_torch_losses(run: Run) -> list[float]:
+    """The toy model's per-step losses in plain single-process torch (no Booster)."""
+    model = toy.make_model(5)
+    opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+    losses = []
+    for micro in toy.batches(5, run.steps, 1):
+        loss = toy.loss_fn(model, *micro[0])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        losses.append(float(loss.detach().double()))
+    return losses
+
+
+def wraps_ddp(rank: int) -> str:
+    """The class under the Booster's model wrapper for TorchDDPPlugin at this world size."""
+    booster = Booster(plugin=TorchDDPPlugin())
+    model, *_ = booster.boost(toy.make_model(5))
+    return type(model.module).__name__
