@@ -2,10 +2,12 @@
 
 from .booster import Booster, launch_from_torch
 from .plugin import GeminiPlugin, HybridParallelPlugin, LowLevelZeroPlugin, Plugin, TorchDDPPlugin
+from .plugin.checkpointing import GradientCheckpointConfig
 
 __all__ = [
     "Booster",
     "GeminiPlugin",
+    "GradientCheckpointConfig",
     "HybridParallelPlugin",
     "LowLevelZeroPlugin",
     "Plugin",
