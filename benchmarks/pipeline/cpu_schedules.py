@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE))
 
 from small_gpt import Config, SmallGPT, loss_fn  # noqa: E402
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 BATCH = 16
 
 
@@ -56,6 +56,7 @@ def _torch_peer(name: str, pipe, x, y, m: int):
         ScheduleGPipe,
         ScheduleInterleaved1F1B,
         ScheduleInterleavedZeroBubble,
+        ScheduleZBVZeroBubble,
     )
 
     s = pipe.schedule
@@ -69,6 +70,8 @@ def _torch_peer(name: str, pipe, x, y, m: int):
         sched = Schedule1F1B(stages[0], m, loss_fn=loss_fn)
     elif name == "interleaved":
         sched = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn)
+    elif name == "zb-v":  # two stages per rank in the V placement, in both libraries
+        sched = ScheduleZBVZeroBubble(stages, m, loss_fn=loss_fn)
     else:
         sched = ScheduleInterleavedZeroBubble(stages, m, loss_fn=loss_fn)
 
@@ -225,7 +228,8 @@ def main() -> None:
         "the timed steps; simulated: the simulator given each step's mean time per pass kind "
         "and stage and its measured message latency, median. torch / megalith above 1: "
         "megalith is faster. interleaved runs 2 chunks per rank in both libraries; torch's "
-        "zero-bubble peer is ScheduleInterleavedZeroBubble on the same one stage per rank. "
+        "zb-h1 peer is ScheduleInterleavedZeroBubble on the same one stage per rank; zb-v runs "
+        "two stages per rank in the V placement, beside torch's ScheduleZBVZeroBubble. "
         "No pipeline: the whole model on rank 0 while the other ranks wait (the same "
         "micro-batches, gradients accumulated).",
     ]
