@@ -1,15 +1,8 @@
 #!/usr/bin/env bash
 # nvidia-h200: build with CUDA, then benchmarks/zero/gpu_gpt.py on the 1.3B GPT through
 # every path and on the 6.7B GPT (activation checkpointing) plain vs host offload.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=16
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-log() { echo "=== $* ($(date +%T))"; }
-log build
-MEGALITH_CUDA=ON python3 -m pip install --no-build-isolation --no-deps -q . ./packages/comm \
-  ./packages/zero ./packages/pipeline ./packages/offload > "$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
+source "$(dirname "$0")/setup.sh"
+build comm zero pipeline offload
 bench() {  # name, limit, args...
   local name=$1 limit=$2; shift 2
   log "$name"

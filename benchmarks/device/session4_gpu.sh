@@ -2,16 +2,8 @@
 # One call on nvidia-h200: build with CUDA, the GPU tests (engine memory, optimizers,
 # comm, megalith_zero), then the 1.3B GPT through every path (benchmarks/zero/gpu_gpt.py):
 # plain torch, ZeRO-2/3, host offload, the Booster's plugins and the tp-1 code path.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=16
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-log() { echo "=== $* ($(date +%T))"; }
-log build
-MEGALITH_CUDA=ON python3 -m pip install --no-build-isolation --no-deps -q . ./packages/comm \
-  ./packages/zero ./packages/pipeline ./packages/offload > "$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
-export MEGALITH_NCCL_PATH=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "nccl", "lib"))')
+source "$(dirname "$0")/setup.sh"
+build comm zero pipeline offload
 log pytest-gpu
 timeout ${PYTEST_LIMIT:-200} python3 -m pytest -p no:cacheprovider -q -rs -x --timeout 180 \
   tests/test_zero_gpu.py tests/test_memory.py tests/test_optim_cuda.py tests/test_comm_gpu.py \

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Sourced by the device scripts: environment (NVLink multicast off, as the device README
+# asks), $OUT, log(), and build PACKAGES... (megalith with CUDA and the named packages).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+log() { echo "=== $* ($(date +%T))"; }
+build() {
+  log build
+  local pkgs=() p
+  for p in "$@"; do pkgs+=("./packages/$p"); done
+  MEGALITH_CUDA=ON python3 -m pip install --no-build-isolation --no-deps -q . "${pkgs[@]}" \
+    > "$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
+  MEGALITH_NCCL_PATH=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "nccl", "lib"))')
+  export MEGALITH_NCCL_PATH
+}
+# one process on one GPU, launcher warnings dropped
+run1() { timeout "${RUN1_LIMIT:-120}" python3 -m torch.distributed.run --nproc_per_node 1 "$@" 2>&1 | grep -v "^W"; }
