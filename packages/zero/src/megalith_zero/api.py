@@ -16,7 +16,7 @@ from .grads import GradReducer
 from .layout import Layout, chunk_numel_for, plan
 from .memory import StateMemory
 from .offload import make_offloader
-from .optimizer import ZeroOptimizer
+from .optimizer import ModelParallel, ZeroOptimizer
 from .rule import check_group, rule_for
 from .stage3 import Stage3Hooks
 from .streams import Streams
@@ -118,6 +118,7 @@ def shard(
     group: comm.ProcessGroup | None = None,
     mesh: comm.Mesh | None = None,
     axis: str = "dp",
+    model_parallel: ModelParallel | None = None,
 ) -> tuple[ZeroModel, ZeroOptimizer]:
     """Shards `model`'s training state over `group` (default: all ranks), or over
     `mesh`'s `axis` (every rank of the world calls it then, whatever its group).
@@ -126,6 +127,12 @@ def shard(
     initial parameters are broadcast. The optimizer must be an Adam/AdamW, SGD or
     Lion (torch's or megalith's); its state must be empty. Returns the model to
     call and the optimizer to step: see ZeroOptimizer.
+
+    model_parallel: when the model is itself split over other ranks (tensor-parallel
+    shards, pipeline stages) and `group` holds the data-parallel replicas of this
+    rank's part: the ranks of the other parts and how much each parameter counts
+    (see ModelParallel), so that clip_grad_norm_ is the norm of the whole model and an
+    fp16 overflow anywhere skips the step everywhere.
     """
     config = config or ZeroConfig()
     if mesh is not None:
@@ -142,6 +149,11 @@ def shard(
                 "can create the helper groups collectively"
             )
         partition = [group.ranks]
+    if model_parallel is not None and not isinstance(model_parallel, ModelParallel):
+        raise TypeError(
+            f"megalith_zero.shard: model_parallel={model_parallel!r}; expected None or "
+            "megalith_zero.ModelParallel(group, weight)"
+        )
     rule = rule_for(optimizer)
     if any(optimizer.state.values()):
         raise ValueError(
@@ -201,7 +213,9 @@ def shard(
         on_chunk_done=stage3.chunk_done if stage3 else None,
         on_backward_end=stage3.end_step if stage3 else None,
     )
-    zopt = ZeroOptimizer(optimizer, rule, chunks, reducer, group, gather_group, config, offloader)
+    zopt = ZeroOptimizer(
+        optimizer, rule, chunks, reducer, group, gather_group, config, offloader, model_parallel
+    )
     zmodel = ZeroModel(model, chunks, layout, memory, stage3, group, config.param_dtype)
     zmodel.optimizer, zopt.model = zopt, zmodel  # checkpoint functions take either
     return zmodel, zopt

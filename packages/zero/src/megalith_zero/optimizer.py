@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,6 +19,45 @@ from .grads import GradReducer
 from .loss_scale import DynamicLossScaler
 from .offload import swapped_states
 from .rule import Rule
+
+
+@dataclass(frozen=True)
+class ModelParallel:
+    """The model-parallel ranks beside the data-parallel group (tensor and pipeline
+    parallelism), for the gradient norm and the fp16 overflow check.
+
+    group: the ranks that share this rank's data-parallel coordinate (they hold the
+        other tensor-parallel shards and pipeline stages of the same model replica).
+    weight(param): how much this rank's copy of a parameter counts in the norm of the
+        whole model: 1 for a parameter only this rank holds (a tensor-parallel shard,
+        a parameter of this stage only), 0 for a copy another rank of `group` counts
+        (a parameter replicated over tp counted on tp rank 0 only; the secondary copy
+        of a weight tied across stages). Fractions (1/tp) work too.
+
+    The norm sums the weighted squares over the data-parallel group, then over
+    `group`; the inf/nan flag (every gradient, whatever its weight) is reduced over
+    both, so an fp16 overflow on any rank skips the step on every rank.
+    """
+
+    group: comm.ProcessGroup
+    weight: Callable[[torch.nn.Parameter], float]
+
+
+def _sum_sq(grads: list[torch.Tensor]) -> tuple[float, bool]:
+    """(sum of squares, any inf/nan) of flat gradients: the engine's one-pass kernel on CPU."""
+    sum_sq, bad = 0.0, False
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for group in by_dtype.values():
+        if group[0].is_cuda:
+            s = float(torch.stack([g.float().pow(2).sum() for g in group]).sum())
+            sum_sq += s
+            bad = bad or not math.isfinite(s)
+        else:
+            s, b = F.grad_stats(group)
+            sum_sq, bad = sum_sq + s, bad or b
+    return sum_sq, bad
 
 
 class ZeroOptimizer:
@@ -37,6 +77,7 @@ class ZeroOptimizer:
         gather_group: comm.ProcessGroup,
         config: ZeroConfig,
         offloader: Any = None,
+        model_parallel: ModelParallel | None = None,
     ):
         self.offloader = offloader
         self.optimizer = optimizer
@@ -51,6 +92,30 @@ class ZeroOptimizer:
         self._clip_coef = 1.0
         self._stats: tuple[float, bool, list[bool]] | None = None
         self.skipped_steps = 0
+        self.model_parallel = model_parallel
+        self._weighted = self._weighted_pieces(model_parallel)
+
+    def _weighted_pieces(
+        self, mp: ModelParallel | None
+    ) -> dict[float, list[tuple[int, int, int]]] | None:
+        """Under model parallelism: weight -> (trainable chunk, shard start, length) of
+        every parameter segment of this rank's shards; None when every weight is 1
+        and there is no model-parallel group (the plain one-call path)."""
+        if mp is None:
+            return None
+        out: dict[float, list[tuple[int, int, int]]] = {}
+        for i, c in enumerate(self.trainable):
+            for seg in c.spec.segments(c.rank):
+                w = float(mp.weight(c.params[c.spec.slots.index(seg.slot)]))
+                if not (w >= 0 and math.isfinite(w)):
+                    raise ValueError(
+                        f"megalith_zero: model_parallel.weight({seg.slot.name}) = {w}; "
+                        "expected a finite weight >= 0"
+                    )
+                out.setdefault(w, []).append((i, seg.shard_start, seg.length))
+        if mp.group.size == 1 and set(out) <= {1.0}:
+            return None
+        return out
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -78,27 +143,29 @@ class ZeroOptimizer:
     # -- statistics -------------------------------------------------------------
     def _grad_stats(self) -> tuple[float, bool, list[bool]]:
         """(sum of squares of the scaled gradients, any inf/nan, used per parameter),
-        over all ranks, in one all-reduce."""
+        over the data-parallel ranks in one all-reduce (and, with model_parallel, the
+        first two over the model-parallel group in a second one)."""
         if self._stats is not None:
             return self._stats
         self.reducer.wait()
-        sum_sq, bad = 0.0, False
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for c in self.trainable:
-            by_dtype.setdefault(c.shard_grad.dtype, []).append(c.shard_grad)
-        for grads in by_dtype.values():
-            if grads[0].is_cuda:
-                s = torch.stack([g.float().pow(2).sum() for g in grads]).sum()
-                sum_sq += float(s)
-                bad = bad or not math.isfinite(float(s))
-            else:
-                s, b = F.grad_stats(grads)
-                sum_sq, bad = sum_sq + s, bad or b
+        if self._weighted is None:
+            sum_sq, bad = _sum_sq([c.shard_grad for c in self.trainable])
+        else:
+            sum_sq, bad = 0.0, False
+            for w, pieces in self._weighted.items():
+                s, b = _sum_sq([self.trainable[i].shard_grad[a : a + n] for i, a, n in pieces])
+                bad = bad or b
+                if w:  # an inf in a weight-0 copy is flagged, not added (0 * inf is nan)
+                    sum_sq += w * s
         used = [u for c in self.trainable for u in c.used]
         vec = torch.tensor([sum_sq, float(bad), *map(float, used)], dtype=torch.float64)
         if self.trainable and self.trainable[0].shard_grad.is_cuda:
             vec = vec.to(self.trainable[0].shard_grad.device)
         comm.all_reduce(vec, op="sum", group=self.group)
+        if self.model_parallel is not None and self.model_parallel.group.size > 1:
+            head = vec[:2].clone()  # the norm and the flag span the model too; `used` is ours
+            comm.all_reduce(head, op="sum", group=self.model_parallel.group)
+            vec[:2] = head
         vec = vec.cpu()
         self._stats = (
             float(vec[0]),
