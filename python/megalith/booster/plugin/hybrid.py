@@ -3,7 +3,7 @@
 ColossalAI's argument names where they mean the same. What runs today: tp_size
 any divisor of the world size, pp_size >= 1 (pp_style "1f1b", "interleaved",
 "zbv"; hybrid_pipeline.py), zero_stage 0, 1 or 2 (0 or 1 under a pipeline),
-precision fp32 or bf16, enable_sequence_parallelism with sequence_parallelism_mode="split_gather"
+precision fp32, bf16 or fp16 (fp16 not under a pipeline yet), enable_sequence_parallelism with sequence_parallelism_mode="split_gather"
 (over the tp group) or "all_to_all" (Ulysses, tp_size=1 and sp_size >= 2,
 megalith.models only), custom_policy. Other values fail at construction with
 what is missing.
@@ -29,6 +29,16 @@ Composition (one place, fixed order):
      stage 1, reduce-scattered at stage 2). ZeRO's chunks hold this rank's tp
      shards, so its dp shards are shards of shards.
 
+Clipping (max_norm) and fp16 loss scaling span the whole model at every zero_stage:
+the norm is the unsharded model's (tp shards summed, a tp-replicated parameter and a
+weight tied across stages counted once, every stage added), and an fp16 inf/nan on any
+rank skips the step on every rank (the flag is reduced over dp, tp and pp), so replicas
+never disagree. zero_stage 0 does it here (tp_grad_norm_sq, HybridOptimizer); ZeRO does
+it in megalith_zero, told about the tp/pp ranks by megalith_zero.ModelParallel.
+fp16 is torch.autocast at zero_stage 0 (fp32 parameters) and fp16 working parameters
+under ZeRO (fp32 masters), both with the dynamic loss scale of initial_scale, ...
+(ColossalAI's arguments; megalith_zero's DynamicLossScaler).
+
 Checkpoints (Booster.save_model / save_optimizer) are layout-free at every
 zero_stage: full, unsharded tensors and optimizer states keyed by parameter name,
 gathered over tp (and dp under ZeRO) and written by rank 0 one parameter at a
@@ -41,6 +51,7 @@ resumes under another tp x pp x dp layout, without a pipeline, or under DDP.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -51,7 +62,7 @@ from ..wrappers import ModelWrapper, OptimizerWrapper
 from .base import Plugin, check_precision, require, world
 from .hybrid_pipeline import PipelineModel, PipelineSettings
 
-_DTYPE = {"bf16": torch.bfloat16}
+_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class HybridModel(ModelWrapper):
@@ -89,14 +100,51 @@ def tp_grad_norm_sq(params: list[torch.nn.Parameter], tp_group: Any) -> torch.Te
 
 
 class HybridOptimizer(OptimizerWrapper):
-    """zero_stage 0: backward, then the dp all-reduce (skipped inside no_sync)."""
+    """zero_stage 0: backward, then the dp all-reduce (skipped inside no_sync).
 
-    def __init__(self, optim: torch.optim.Optimizer, model: HybridModel, max_norm: float):
+    fp16 (scaler given): backward scales the loss; before clipping or stepping the
+    gradients are checked for inf/nan, the flag all-reduced over every rank of the mesh,
+    and either every rank skips the step (the scale backs off) or every rank unscales
+    and steps."""
+
+    def __init__(
+        self,
+        optim: torch.optim.Optimizer,
+        model: HybridModel,
+        max_norm: float,
+        scaler: Any = None,
+    ):
         super().__init__(optim)
         self.model = model
         self.max_norm = max_norm
+        self.scaler = scaler  # megalith_zero's DynamicLossScaler, fp16 only
+        self.skipped_steps = 0
+        self._found_inf: bool | None = None  # None: gradients not yet checked and unscaled
         self._sync = True
         self._clipped = False
+
+    @property
+    def loss_scale(self) -> float:
+        return self.scaler.scale if self.scaler is not None else 1.0
+
+    def _unscale(self) -> bool:
+        """fp16, once per step: True when any rank's gradients hold an inf/nan; else the
+        gradients are divided by the loss scale."""
+        import megalith_comm as comm
+
+        if self.scaler is None:
+            return False
+        if self._found_inf is None:
+            grads = [p.grad for p in self._params() if p.grad is not None]
+            bad = any(not bool(torch.isfinite(g).all()) for g in grads)
+            device = grads[0].device if grads else torch.device("cpu")
+            flag = torch.tensor([float(bad)], device=device)
+            mesh = self.model.mesh
+            comm.all_reduce(flag, op="sum", group=mesh.group(mesh.names))
+            self._found_inf = bool(flag.item() > 0)
+            if not self._found_inf and grads:
+                torch._foreach_mul_(grads, 1.0 / self.scaler.scale)
+        return self._found_inf
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for g in self.optim.param_groups for p in g["params"]]
@@ -104,6 +152,8 @@ class HybridOptimizer(OptimizerWrapper):
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         import megalith_comm as comm
 
+        if self.scaler is not None:
+            loss = loss * self.scaler.scale
         loss.backward(*args, **kwargs)
         dp = self.model.mesh.group("dp")
         if self._sync and dp.size > 1:
@@ -114,6 +164,8 @@ class HybridOptimizer(OptimizerWrapper):
         if norm_type != 2.0:
             raise ValueError(f"HybridParallelPlugin clips by the L2 norm only, not {norm_type}")
         self._clipped = True
+        if self._unscale():  # fp16 overflow somewhere: step() skips on every rank
+            return float("inf")
         params = self._params()
         norm = self._grad_norm(params)
         coef = max_norm / (norm + 1e-6)
@@ -127,10 +179,22 @@ class HybridOptimizer(OptimizerWrapper):
         return math.sqrt(float(tp_grad_norm_sq(params, self.model.mesh.group("tp"))))
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
+        if self.scaler is not None:
+            bad = self._unscale()
+            self.scaler.update(bad)  # every rank the same flag, so the same scale
+            if bad:
+                self.skipped_steps += 1
+                self._found_inf, self._clipped = None, False
+                return None
         if self.max_norm > 0 and not self._clipped:
             self.clip_grad_by_norm(self.max_norm)
         self._clipped = False
+        self._found_inf = None
         return self.optim.step(*args, **kwargs)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._found_inf = None
+        self.optim.zero_grad(set_to_none=set_to_none)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -180,6 +244,13 @@ class HybridParallelPlugin(Plugin):
         sp_size: int | None = None,
         custom_policy: Any = None,
         max_norm: float = 0.0,
+        initial_scale: float = 2**16,
+        min_scale: float = 1,
+        growth_factor: float = 2,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 1000,
+        hysteresis: int = 2,
+        max_scale: float = 2**32,
         num_microbatches: int | None = None,
         microbatch_size: int | None = None,
         pp_style: str = "1f1b",
@@ -198,11 +269,6 @@ class HybridParallelPlugin(Plugin):
             raise ValueError(
                 f"HybridParallelPlugin: zero_stage={zero_stage} with pp_size={pp_size}; 0 or 1 "
                 "under a pipeline (stage 2 would reduce-scatter in every micro-batch's backward)"
-            )
-        if pp_size > 1 and zero_stage and max_norm > 0:
-            raise NotImplementedError(
-                "HybridParallelPlugin: max_norm with zero_stage=1 and pp_size > 1 is not built "
-                "yet (megalith_zero's norm does not span the stages); use zero_stage=0"
             )
         if pp_size > 1 and sequence_parallelism_mode == "all_to_all":
             raise NotImplementedError(
@@ -244,20 +310,50 @@ class HybridParallelPlugin(Plugin):
         self.sp_mode = mode
         self.custom_policy = custom_policy
         self.max_norm = max_norm
+        from .zero import _scale_args
+
+        self._loss_scale = _scale_args(
+            initial_scale, min_scale, growth_factor, backoff_factor, growth_interval, hysteresis,
+            max_scale,
+        )  # fmt: skip
         self.set_precision(precision)
         self.mesh: Any = None
 
     def set_precision(self, precision: str | None) -> None:
         p = check_precision("HybridParallelPlugin", precision)
-        if p == "fp16" and self.tp_size > 1:
+        if p == "fp16" and self.pp_size > 1:
             raise NotImplementedError(
-                "HybridParallelPlugin: fp16 with tp_size > 1 is not built yet (the loss "
-                "scaler's overflow check must span the tp group); use precision='bf16'"
+                "HybridParallelPlugin: fp16 with pp_size > 1 is not built yet (the pipeline "
+                "would need the loss scale inside its schedule); use precision='bf16'"
             )
         self.precision = p
 
     def supported_precisions(self) -> tuple[str, ...]:
-        return ("fp32", "bf16")
+        return ("fp32", "bf16", "fp16")
+
+    def _scaler(self) -> Any:
+        """fp16 at zero_stage 0: megalith_zero's dynamic loss scaler; None otherwise."""
+        if self.precision != "fp16":
+            return None
+        zero = require("megalith_zero", "megalith-zero", "HybridParallelPlugin(precision='fp16')")
+        return zero.DynamicLossScaler(zero.LossScaleConfig(**self._loss_scale))
+
+    def _model_parallel(self, zero: Any, pipe: Any = None) -> Any:
+        """megalith_zero's view of the rest of this dp replica (tp shards, pp stages): a
+        tp shard counts on its rank, a tp-replicated parameter on tp rank 0 only, the
+        secondary copy of a weight tied across stages nowhere. None without tp and pp."""
+        axes = tuple(a for a, n in (("pp", self.pp_size), ("tp", self.tp_size)) if n > 1)
+        if not axes:
+            return None
+        first_tp = self.mesh.coord("tp") == 0
+        secondary = {id(p) for p in pipe.tied.secondary_copies()} if pipe is not None else set()
+
+        def weight(p: torch.nn.Parameter) -> float:
+            if id(p) in secondary:
+                return 0.0
+            return 1.0 if first_tp or hasattr(p, "tp_spec") else 0.0
+
+        return zero.ModelParallel(self.mesh.group(axes), weight)
 
     def _dp(self) -> int:
         w = world()
@@ -319,7 +415,9 @@ class HybridParallelPlugin(Plugin):
         if self.zero_stage in (1, 2):
             return self._zero(model, optimizer, criterion, dataloader, lr_scheduler)
         wrapped = HybridModel(model, self.precision, self.mesh)
-        opt = HybridOptimizer(optimizer, wrapped, self.max_norm) if optimizer else None
+        opt = None
+        if optimizer:
+            opt = HybridOptimizer(optimizer, wrapped, self.max_norm, self._scaler())
         return wrapped, opt, criterion, dataloader, lr_scheduler
 
     def _zero(self, model, optimizer, criterion, dataloader, lr_scheduler):
@@ -330,13 +428,12 @@ class HybridParallelPlugin(Plugin):
 
         if optimizer is None:
             raise ValueError(f"{what}: boost() needs the optimizer")
-        if self.max_norm > 0 and self.tp_size > 1:
-            raise NotImplementedError(
-                f"HybridParallelPlugin: max_norm with zero_stage={stage} and tp_size > 1 is not "
-                "built yet (megalith_zero's norm does not know about tp shards); use zero_stage=0"
-            )
         config = zero.ZeroConfig(stage=stage, precision=self.precision)
-        zmodel, zopt = zero.shard(model, optimizer, config, mesh=self.mesh, axis="dp")
+        config = dataclasses.replace(config, loss_scale=zero.LossScaleConfig(**self._loss_scale))
+        zmodel, zopt = zero.shard(
+            model, optimizer, config, mesh=self.mesh, axis="dp",
+            model_parallel=self._model_parallel(zero),
+        )  # fmt: skip
         return (
             ZeroModelWrapper(zmodel),
             ZeroOptimizerWrapper(zopt, self.max_norm),
@@ -376,9 +473,12 @@ class HybridParallelPlugin(Plugin):
         if optimizer is None:
             raise ValueError("HybridParallelPlugin(zero_stage=1): boost() needs the optimizer")
         config = zero.ZeroConfig(stage=1, precision="fp32")  # bf16 comes from autocast here
-        _, zopt = zero.shard(pipe.module, optimizer, config, mesh=self.mesh, axis="dp")
+        _, zopt = zero.shard(
+            pipe.module, optimizer, config, mesh=self.mesh, axis="dp",
+            model_parallel=self._model_parallel(zero, pipe),
+        )  # fmt: skip
         wrapped.zero_no_sync = zopt.no_sync
-        zwrapped = ZeroOptimizerWrapper(zopt, 0.0)
+        zwrapped = ZeroOptimizerWrapper(zopt, self.max_norm)
         zwrapped.pipeline_model = wrapped  # checkpoint_io: names the stages' states
         return wrapped, zwrapped, criterion, dataloader, lr_scheduler
 

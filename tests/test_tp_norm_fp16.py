@@ -1,0 +1,46 @@
+"""HybridParallelPlugin: clipping (max_norm) and fp16 loss scaling over the whole model
+when ZeRO or plain data parallelism is combined with tp and pp. The norm equals torch's
+clip_grad_norm_ on the unsharded model (1e-5); an fp16 overflow on one rank skips the
+step on every rank; fp16 training stays near fp32 (see tests/tp/norm_fp16.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from megalith.booster.plugin import HybridParallelPlugin
+
+from .tp.models import run_cases
+from .tp.norm_fp16 import ClipCase, Fp16Case, Fp16SkipCase
+
+WORLD2 = [
+    ClipCase(zero_stage=0),  # tp 2: the zero_stage 0 norm, for comparison
+    ClipCase(zero_stage=1),
+    ClipCase(zero_stage=2),
+    ClipCase(tp=1, pp=2, family="gpt2", style="zbv"),  # pp 2, GPT-2's tie on one rank
+    Fp16SkipCase(zero_stage=0),
+    Fp16SkipCase(zero_stage=1),
+    Fp16Case(zero_stage=0),
+    Fp16Case(zero_stage=1),
+]
+WORLD4 = [
+    ClipCase(zero_stage=1),  # dp 2 x tp 2
+    ClipCase(zero_stage=2, family="gpt2"),
+    ClipCase(tp=2, pp=2, family="llama"),  # tp 2 x pp 2, ZeRO-1 over a dp of 1
+    ClipCase(tp=1, pp=2, family="gpt2", style="zbv"),  # pp 2 x dp 2, tie on one rank
+    ClipCase(tp=1, pp=2, zero_stage=0, family="gpt2"),  # the tie across stages
+    Fp16SkipCase(zero_stage=0),
+    Fp16SkipCase(zero_stage=1),
+    Fp16SkipCase(zero_stage=2),
+    Fp16Case(zero_stage=2, max_norm=0.05),
+]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("world", "cases"), [(2, WORLD2), (4, WORLD4)], ids=["world2", "world4"])
+def test_norm_and_fp16_span_tp_pp_and_zero(world, cases):
+    run_cases(cases, world, timeout=280)
+
+
+def test_fp16_under_a_pipeline_is_refused_by_name():
+    with pytest.raises(NotImplementedError, match="fp16 with pp_size > 1"):
+        HybridParallelPlugin(tp_size=1, pp_size=2, num_microbatches=2, precision="fp16")
