@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from megalith.booster.plugin import HybridParallelPlugin
-
 from .tp.models import run_cases
 from .tp.norm_fp16 import ClipCase, Fp16Case, Fp16SkipCase
 
@@ -21,6 +19,11 @@ WORLD2 = [
     Fp16SkipCase(zero_stage=1),
     Fp16Case(zero_stage=0),
     Fp16Case(zero_stage=1),
+    Fp16Case(zero_stage=1, max_norm=0.05),
+    Fp16Case(
+        tp=1, pp=2, max_norm=0.05
+    ),  # autocast fp16 under a pipeline, the loss scaled per micro-batch
+    Fp16SkipCase(tp=1, pp=2, zero_stage=1),  # the overflow on the second stage only
 ]
 WORLD4 = [
     ClipCase(zero_stage=1),  # dp 2 x tp 2
@@ -32,6 +35,9 @@ WORLD4 = [
     Fp16SkipCase(zero_stage=1),
     Fp16SkipCase(zero_stage=2),
     Fp16Case(zero_stage=2, max_norm=0.05),
+    Fp16Case(tp=2, pp=2, zero_stage=1, max_norm=0.05),
+    Fp16SkipCase(tp=2, pp=2, zero_stage=0),
+    Fp16SkipCase(tp=2, pp=2, zero_stage=1),
 ]
 
 
@@ -39,8 +45,3 @@ WORLD4 = [
 @pytest.mark.parametrize(("world", "cases"), [(2, WORLD2), (4, WORLD4)], ids=["world2", "world4"])
 def test_norm_and_fp16_span_tp_pp_and_zero(world, cases):
     run_cases(cases, world, timeout=280)
-
-
-def test_fp16_under_a_pipeline_is_refused_by_name():
-    with pytest.raises(NotImplementedError, match="fp16 with pp_size > 1"):
-        HybridParallelPlugin(tp_size=1, pp_size=2, num_microbatches=2, precision="fp16")

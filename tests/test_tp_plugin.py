@@ -43,7 +43,6 @@ def test_hybrid_plugin_matches_unsharded():
             ),
             "all_to_all",
         ),
-        (dict(tp_size=2, pp_size=2, num_microbatches=2, precision="fp16"), "fp16"),
         (dict(tp_size=0), "tp_size"),
     ],
 )

@@ -88,6 +88,10 @@ class ZeroConfig:
         eighth of the model (at most 64 MiB, at least the largest parameter).
     prefetch: stage 3: how many chunks ahead of the running module are gathered.
     loss_scale: fp16 only; see LossScaleConfig.
+    loss_scaling: None (the default): dynamic loss scaling exactly when precision is
+        fp16. True: also with fp32 working parameters, for a model that computes in fp16
+        under torch.autocast while the optimizer holds fp32 (the loss is then scaled by
+        whoever runs backward, with ZeroOptimizer.loss_scale).
     overlap: reduce gradients asynchronously while backward continues.
     offload: a megalith_offload.OffloadConfig (needs megalith-offload): which
         chunks keep their fp32 masters and optimizer states in host memory or on
@@ -100,6 +104,7 @@ class ZeroConfig:
     chunk_bytes: int = 0
     prefetch: int = 1
     loss_scale: LossScaleConfig = LossScaleConfig()
+    loss_scaling: bool | None = None
     overlap: bool = True
     offload: Any = None
 
@@ -136,3 +141,7 @@ class ZeroConfig:
     @property
     def fp16(self) -> bool:
         return self.param_dtype == torch.float16
+
+    @property
+    def scales_loss(self) -> bool:
+        return self.fp16 if self.loss_scaling is None else bool(self.loss_scaling)

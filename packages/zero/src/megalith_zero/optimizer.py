@@ -88,7 +88,7 @@ class ZeroOptimizer:
         self.group = group
         self.gather_group = gather_group
         self.config = config
-        self.scaler = DynamicLossScaler(config.loss_scale) if config.fp16 else None
+        self.scaler = DynamicLossScaler(config.loss_scale) if config.scales_loss else None
         self._clip_coef = 1.0
         self._stats: tuple[float, bool, list[bool]] | None = None
         self.skipped_steps = 0

@@ -3,7 +3,7 @@
 ColossalAI's argument names where they mean the same. What runs today: tp_size
 any divisor of the world size, pp_size >= 1 (pp_style "1f1b", "interleaved",
 "zbv"; hybrid_pipeline.py), zero_stage 0, 1 or 2 (0 or 1 under a pipeline),
-precision fp32, bf16 or fp16 (fp16 not under a pipeline yet), enable_sequence_parallelism with sequence_parallelism_mode="split_gather"
+precision fp32, bf16 or fp16, enable_sequence_parallelism with sequence_parallelism_mode="split_gather"
 (over the tp group) or "all_to_all" (Ulysses, tp_size=1 and sp_size >= 2,
 megalith.models only), custom_policy. Other values fail at construction with
 what is missing.
@@ -35,8 +35,9 @@ weight tied across stages counted once, every stage added), and an fp16 inf/nan 
 rank skips the step on every rank (the flag is reduced over dp, tp and pp), so replicas
 never disagree. zero_stage 0 does it here (tp_grad_norm_sq, HybridOptimizer); ZeRO does
 it in megalith_zero, told about the tp/pp ranks by megalith_zero.ModelParallel.
-fp16 is torch.autocast at zero_stage 0 (fp32 parameters) and fp16 working parameters
-under ZeRO (fp32 masters), both with the dynamic loss scale of initial_scale, ...
+fp16 is torch.autocast at zero_stage 0 and under a pipeline (fp32 parameters; the
+pipeline scales each micro-batch's loss) and fp16 working parameters under ZeRO without
+a pipeline (fp32 masters), all with the dynamic loss scale of initial_scale, ...
 (ColossalAI's arguments; megalith_zero's DynamicLossScaler).
 
 Checkpoints (Booster.save_model / save_optimizer) are layout-free at every
@@ -117,7 +118,9 @@ class HybridOptimizer(OptimizerWrapper):
         super().__init__(optim)
         self.model = model
         self.max_norm = max_norm
-        self.scaler = scaler  # megalith_zero's DynamicLossScaler, fp16 only
+        # megalith_zero's DynamicLossScaler, fp16 only (not `scaler`: checkpoint_io reads
+        # that name as a torch GradScaler)
+        self.loss_scaler = scaler
         self.skipped_steps = 0
         self._found_inf: bool | None = None  # None: gradients not yet checked and unscaled
         self._sync = True
@@ -125,14 +128,14 @@ class HybridOptimizer(OptimizerWrapper):
 
     @property
     def loss_scale(self) -> float:
-        return self.scaler.scale if self.scaler is not None else 1.0
+        return self.loss_scaler.scale if self.loss_scaler is not None else 1.0
 
     def _unscale(self) -> bool:
         """fp16, once per step: True when any rank's gradients hold an inf/nan; else the
         gradients are divided by the loss scale."""
         import megalith_comm as comm
 
-        if self.scaler is None:
+        if self.loss_scaler is None:
             return False
         if self._found_inf is None:
             grads = [p.grad for p in self._params() if p.grad is not None]
@@ -143,7 +146,7 @@ class HybridOptimizer(OptimizerWrapper):
             comm.all_reduce(flag, op="sum", group=mesh.group(mesh.names))
             self._found_inf = bool(flag.item() > 0)
             if not self._found_inf and grads:
-                torch._foreach_mul_(grads, 1.0 / self.scaler.scale)
+                torch._foreach_mul_(grads, 1.0 / self.loss_scaler.scale)
         return self._found_inf
 
     def _params(self) -> list[torch.nn.Parameter]:
@@ -152,8 +155,8 @@ class HybridOptimizer(OptimizerWrapper):
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         import megalith_comm as comm
 
-        if self.scaler is not None:
-            loss = loss * self.scaler.scale
+        if self.loss_scaler is not None:
+            loss = loss * self.loss_scaler.scale
         loss.backward(*args, **kwargs)
         dp = self.model.mesh.group("dp")
         if self._sync and dp.size > 1:
@@ -179,9 +182,9 @@ class HybridOptimizer(OptimizerWrapper):
         return math.sqrt(float(tp_grad_norm_sq(params, self.model.mesh.group("tp"))))
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
-        if self.scaler is not None:
+        if self.loss_scaler is not None:
             bad = self._unscale()
-            self.scaler.update(bad)  # every rank the same flag, so the same scale
+            self.loss_scaler.update(bad)  # every rank the same flag, so the same scale
             if bad:
                 self.skipped_steps += 1
                 self._found_inf, self._clipped = None, False
@@ -321,11 +324,6 @@ class HybridParallelPlugin(Plugin):
 
     def set_precision(self, precision: str | None) -> None:
         p = check_precision("HybridParallelPlugin", precision)
-        if p == "fp16" and self.pp_size > 1:
-            raise NotImplementedError(
-                "HybridParallelPlugin: fp16 with pp_size > 1 is not built yet (the pipeline "
-                "would need the loss scale inside its schedule); use precision='bf16'"
-            )
         self.precision = p
 
     def supported_precisions(self) -> tuple[str, ...]:
@@ -465,7 +463,9 @@ class HybridParallelPlugin(Plugin):
                 group["params"] = [p for p in group["params"] if id(p) in local]
         wrapped = PipelineModel(pipe, settings, self.precision, self.mesh, model)
         if not self.zero_stage:
-            opt = PipelineOptimizer(optimizer, wrapped, self.max_norm) if optimizer else None
+            opt = None
+            if optimizer:
+                opt = PipelineOptimizer(optimizer, wrapped, self.max_norm, self._scaler())
             return wrapped, opt, criterion, dataloader, lr_scheduler
         zero = require("megalith_zero", "megalith-zero", "HybridParallelPlugin(zero_stage=1)")
         from .zero import ZeroOptimizerWrapper
@@ -473,6 +473,11 @@ class HybridParallelPlugin(Plugin):
         if optimizer is None:
             raise ValueError("HybridParallelPlugin(zero_stage=1): boost() needs the optimizer")
         config = zero.ZeroConfig(stage=1, precision="fp32")  # bf16 comes from autocast here
+        config = dataclasses.replace(
+            config,
+            loss_scale=zero.LossScaleConfig(**self._loss_scale),
+            loss_scaling=self.precision == "fp16",  # fp16 autocast over fp32 parameters
+        )
         _, zopt = zero.shard(
             pipe.module, optimizer, config, mesh=self.mesh, axis="dp",
             model_parallel=self._model_parallel(zero, pipe),
@@ -492,7 +497,8 @@ class HybridParallelPlugin(Plugin):
                 f"execute_pipeline: data_iter must be an iterator (iter(dataloader)), got "
                 f"{type(data_iter).__name__}: each step takes its next batch"
             )
-        return model.step(next(data_iter), criterion, model.zero_no_sync)
+        scale = getattr(optimizer, "loss_scale", 1.0) if optimizer is not None else 1.0
+        return model.step(next(data_iter), criterion, model.zero_no_sync, scale)
 
     def local_named_parameters(self, model: Any) -> dict[str, torch.nn.Parameter]:
         """This rank's parameters (its stages, its tp shards) by their names in the model."""

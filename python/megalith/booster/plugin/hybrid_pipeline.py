@@ -6,6 +6,8 @@ over the mesh's pp axis; a step is Booster.execute_pipeline, which runs every
 micro-batch's forward and backward in the schedule's order. Data parallelism is
 the pipeline's own gradient average over the dp axis (zero_stage 0) or
 megalith_zero's stage 1 over dp, driven through its no_sync (zero_stage 1).
+bf16 and fp16 are torch.autocast around the schedule; fp16 multiplies each
+micro-batch's loss by the optimizer's loss scale before its backward.
 
 The loss: ColossalAI calls criterion(outputs, micro_batch). For a transformers-
 style language model the last stage gives logits; criterion gets them as
@@ -144,12 +146,15 @@ def model_inputs(batch: Any) -> Any:
     return batch
 
 
-def loss_fn_for(criterion: Callable[..., torch.Tensor]) -> Callable[[Any, Any], torch.Tensor]:
+def loss_fn_for(
+    criterion: Callable[..., torch.Tensor], loss_scale: float = 1.0
+) -> Callable[[Any, Any], torch.Tensor]:
     def loss_fn(output: Any, micro_batch: Any) -> torch.Tensor:
         if isinstance(output, torch.Tensor) and output.dim() == 3:
             labels = micro_batch.get("labels") if isinstance(micro_batch, dict) else None
             output = LMOutput(output, labels)
-        return criterion(output, micro_batch)
+        loss = criterion(output, micro_batch)
+        return loss if loss_scale == 1.0 else loss.float() * loss_scale
 
     return loss_fn
 
@@ -180,17 +185,27 @@ class PipelineModel(ModelWrapper):
             yield
             return
         device = self.pipe.channels.device.type
-        with torch.autocast(device_type=device, dtype=torch.bfloat16):
+        dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16
+        with torch.autocast(device_type=device, dtype=dtype):
             yield
 
-    def step(self, batch: Any, criterion: Callable, no_sync: Callable | None) -> torch.Tensor:
-        """Forward and backward of the batch through every stage; the loss on every rank."""
+    def step(
+        self,
+        batch: Any,
+        criterion: Callable,
+        no_sync: Callable | None,
+        loss_scale: float = 1.0,
+    ) -> torch.Tensor:
+        """Forward and backward of the batch through every stage; the loss on every rank.
+        fp16: each micro-batch's loss is multiplied by loss_scale before its backward (the
+        optimizer unscales); the loss returned is the unscaled one."""
         pipe = self.pipe
         inputs = model_inputs(batch)
         n = inputs.shape[0] if isinstance(inputs, torch.Tensor) else len(inputs)
         pipe.set_num_microbatches(self.settings.microbatches(n))
-        pipe.loss_fn = pipe.executor.loss_fn = loss_fn_for(criterion)
+        pipe.loss_fn = pipe.executor.loss_fn = loss_fn_for(criterion, loss_scale)
         device = pipe.channels.device
         inputs = inputs.to(device) if isinstance(inputs, torch.Tensor) else inputs
         with self.autocast():
-            return pipe.step(inputs, batch, no_sync=no_sync)
+            loss = pipe.step(inputs, batch, no_sync=no_sync)
+        return loss if loss is None or loss_scale == 1.0 else loss / loss_scale
