@@ -131,22 +131,29 @@ class HybridOptimizer(OptimizerWrapper):
         return self.loss_scaler.scale if self.loss_scaler is not None else 1.0
 
     def _unscale(self) -> bool:
-        """fp16, once per step: True when any rank's gradients hold an inf/nan; else the
-        gradients are divided by the loss scale."""
+        """fp16, once per step: divides the gradients by the loss scale and says whether
+        any rank's held an inf/nan (then step() skips everywhere and they are dropped).
+        One fused check-and-unscale per device and dtype (GradScaler's kernel), one
+        all-reduce of the flag over the whole mesh."""
         import megalith_comm as comm
 
         if self.loss_scaler is None:
             return False
         if self._found_inf is None:
-            grads = [p.grad for p in self._params() if p.grad is not None]
-            bad = any(not bool(torch.isfinite(g).all()) for g in grads)
-            device = grads[0].device if grads else torch.device("cpu")
-            flag = torch.tensor([float(bad)], device=device)
+            by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+            for p in self._params():
+                if p.grad is not None:
+                    by_kind.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+            device = next(iter(by_kind))[0] if by_kind else torch.device("cpu")
+            flag = torch.zeros(1, device=device)
+            for (dev, _), grads in by_kind.items():
+                found = torch.zeros(1, device=dev)
+                inv = torch.full((1,), 1.0 / self.loss_scaler.scale, device=dev)
+                torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+                flag += found.to(device)
             mesh = self.model.mesh
             comm.all_reduce(flag, op="sum", group=mesh.group(mesh.names))
             self._found_inf = bool(flag.item() > 0)
-            if not self._found_inf and grads:
-                torch._foreach_mul_(grads, 1.0 / self.loss_scaler.scale)
         return self._found_inf
 
     def _params(self) -> list[torch.nn.Parameter]:
