@@ -5,7 +5,10 @@ any divisor of the world size, pp_size >= 1 (pp_style "1f1b", "interleaved",
 "zbv"; hybrid_pipeline.py), zero_stage 0, 1 or 2 (0 or 1 under a pipeline),
 precision fp32, bf16 or fp16, enable_sequence_parallelism with sequence_parallelism_mode="split_gather"
 (over the tp group) or "all_to_all" (Ulysses, tp_size=1 and sp_size >= 2,
-megalith.models only), custom_policy. Other values fail at construction with
+megalith.models only), custom_policy, gradient_checkpoint_config (checkpointing.py:
+True, a ratio, or ColossalAI's GradientCheckpointConfig(gradient_checkpointing_ratio)),
+cpu_offload (with zero_stage 1 or 2: fp32 masters and optimizer states in host memory,
+stepped there by the engine's CPU kernel). Other values fail at construction with
 what is missing.
 
 Composition (one place, fixed order):
@@ -19,7 +22,8 @@ Composition (one place, fixed order):
      of a tp group tp rank 0's random state: dropout on activations that are
      replicated over the group must draw the same mask on every rank, or the
      replicas drift apart (the masks of different heads, or sequence shards, are
-     then drawn alike: correlated, not wrong);
+     then drawn alike: correlated, not wrong); then activation checkpointing on the
+     first layers (it wraps whole layers, so it sees the sharded ones);
   4. pp_size > 1: cut the sharded model into stages over the pp axis of
      Mesh(pp, dp, sp, tp) (megalith_pipeline), the optimizer keeps this rank's
      stages, and steps run through booster.execute_pipeline;
@@ -61,6 +65,7 @@ import torch
 
 from ..wrappers import ModelWrapper, OptimizerWrapper
 from .base import Plugin, check_precision, require, world
+from .checkpointing import apply_checkpointing, checkpoint_config
 from .hybrid_pipeline import PipelineModel, PipelineSettings
 
 _DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -266,6 +271,8 @@ class HybridParallelPlugin(Plugin):
         pp_style: str = "1f1b",
         num_model_chunks: int = 1,
         enable_all_optimization: bool = False,
+        gradient_checkpoint_config: Any = None,
+        cpu_offload: bool = False,
         **unsupported: Any,
     ) -> None:
         super().__init__()
@@ -311,6 +318,14 @@ class HybridParallelPlugin(Plugin):
                 f"HybridParallelPlugin: sp_size={sp_size}; split_gather runs over the tp group "
                 "(sp_size is for sequence_parallelism_mode='all_to_all')"
             )
+        if cpu_offload and zero_stage not in (1, 2):
+            raise ValueError(
+                f"HybridParallelPlugin: cpu_offload=True with zero_stage={zero_stage}; "
+                "cpu_offload moves ZeRO's fp32 masters and optimizer states to host memory: "
+                "set zero_stage=1 or 2"
+            )
+        self.cpu_offload = cpu_offload
+        self.checkpointing = checkpoint_config(gradient_checkpoint_config)
         if unsupported:
             raise NotImplementedError(
                 f"HybridParallelPlugin: {sorted(unsupported)} not supported yet"
@@ -409,6 +424,8 @@ class HybridParallelPlugin(Plugin):
             )  # fmt: skip
         if self.sp_mode == "all_to_all":
             apply_ulysses(model, self.mesh.group("sp"))
+        if self.checkpointing is not None:
+            apply_checkpointing(model, self.checkpointing)
         _replace_params(optimizer, model, before)
         dp_group = self.mesh.group("dp")
         with torch.no_grad():
@@ -433,7 +450,7 @@ class HybridParallelPlugin(Plugin):
 
         if optimizer is None:
             raise ValueError(f"{what}: boost() needs the optimizer")
-        config = zero.ZeroConfig(stage=stage, precision=self.precision)
+        config = zero.ZeroConfig(stage=stage, precision=self.precision, offload=self._offload())
         config = dataclasses.replace(config, loss_scale=zero.LossScaleConfig(**self._loss_scale))
         zmodel, zopt = zero.shard(
             model, optimizer, config, mesh=self.mesh, axis="dp",
@@ -479,7 +496,8 @@ class HybridParallelPlugin(Plugin):
 
         if optimizer is None:
             raise ValueError("HybridParallelPlugin(zero_stage=1): boost() needs the optimizer")
-        config = zero.ZeroConfig(stage=1, precision="fp32")  # bf16 comes from autocast here
+        # bf16 and fp16 come from autocast here (fp32 parameters and masters)
+        config = zero.ZeroConfig(stage=1, precision="fp32", offload=self._offload())
         config = dataclasses.replace(
             config,
             loss_scale=zero.LossScaleConfig(**self._loss_scale),
@@ -493,6 +511,13 @@ class HybridParallelPlugin(Plugin):
         zwrapped = ZeroOptimizerWrapper(zopt, self.max_norm)
         zwrapped.pipeline_model = wrapped  # checkpoint_io: names the stages' states
         return wrapped, zwrapped, criterion, dataloader, lr_scheduler
+
+    def _offload(self) -> Any:
+        """cpu_offload: every fp32 master and optimizer state in (pinned) host memory."""
+        if not self.cpu_offload:
+            return None
+        mo = require("megalith_offload", "megalith-offload", "HybridParallelPlugin(cpu_offload)")
+        return mo.OffloadConfig(tier="host", optim_frac=1.0)
 
     def execute_pipeline(self, data_iter: Any, model: Any, criterion: Any, optimizer: Any) -> Any:
         if not isinstance(model, PipelineModel):
