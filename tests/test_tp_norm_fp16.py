@@ -15,7 +15,7 @@ WORLD2 = [
     ClipCase(zero_stage=1),
     ClipCase(zero_stage=2),
     ClipCase(tp=1, pp=2, family="gpt2", style="zbv"),  # pp 2, GPT-2's tie on one rank
-    Fp16SkipCase(zero_stage=0),
+    Fp16SkipCase(zero_stage=0, resume=True),
     Fp16SkipCase(zero_stage=1),
     Fp16Case(zero_stage=0),
     Fp16Case(zero_stage=1),
@@ -23,7 +23,7 @@ WORLD2 = [
     Fp16Case(
         tp=1, pp=2, max_norm=0.05
     ),  # autocast fp16 under a pipeline, the loss scaled per micro-batch
-    Fp16SkipCase(tp=1, pp=2, zero_stage=1),  # the overflow on the second stage only
+    Fp16SkipCase(tp=1, pp=2, zero_stage=1, resume=True),  # the overflow on stage 2 only
 ]
 WORLD4 = [
     ClipCase(zero_stage=1),  # dp 2 x tp 2
@@ -36,7 +36,7 @@ WORLD4 = [
     Fp16SkipCase(zero_stage=2),
     Fp16Case(zero_stage=2, max_norm=0.05),
     Fp16Case(tp=2, pp=2, zero_stage=1, max_norm=0.05),
-    Fp16SkipCase(tp=2, pp=2, zero_stage=0),
+    Fp16SkipCase(tp=2, pp=2, zero_stage=0, resume=True),
     Fp16SkipCase(tp=2, pp=2, zero_stage=1),
 ]
 

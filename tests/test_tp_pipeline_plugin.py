@@ -14,13 +14,13 @@ from .tp.models import run_cases
 from .tp.pipeline_plugin import PipePluginCase
 
 WORLD2 = [
-    PipePluginCase(),
+    PipePluginCase(outputs=True),
     PipePluginCase(family="llama", style="interleaved", chunks=2, microbatches=4),
-    PipePluginCase(style="zbv", microbatches=4),
+    PipePluginCase(style="zbv", microbatches=4, outputs=True),
 ]
 WORLD4 = [
     PipePluginCase(family="llama", tp=2, checkpoint=True),
-    PipePluginCase(family="llama", tp=2, sp=True, style="interleaved", chunks=2),
+    PipePluginCase(family="llama", tp=2, sp=True, style="interleaved", chunks=2, outputs=True),
     PipePluginCase(tp=2, sp=True),
     PipePluginCase(tp=2, style="zbv", checkpoint=True),  # tied head and embedding on pp rank 0
     PipePluginCase(family="llama", tp=2, style="zbv", max_norm=0.05),

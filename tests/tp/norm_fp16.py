@@ -171,6 +171,7 @@ class Fp16SkipCase:
     zero_stage: int = 0
     steps: int = 3
     broken: int = 1  # the step whose gradients overflow on rank 1
+    resume: bool = False  # the backed-off loss scale survives save_optimizer / load_optimizer
 
     def run(self, rank: int) -> tuple[list[str], float]:
         start = time.perf_counter()
@@ -216,7 +217,31 @@ class Fp16SkipCase:
                 errors.append(f"step {step}: loss scales differ over ranks: {every.tolist()}")
         _replicas_equal(errors, plugin, model)
         _check_weights(errors, plugin, model, ref, 2e-2)
+        if self.resume:
+            self._check_resume(booster, opt, llama, errors)
         return errors, time.perf_counter() - start
+
+    def _check_resume(self, booster, opt, llama, errors: list[str]) -> None:
+        import os
+        import shutil
+        import tempfile
+
+        path = os.path.join(tempfile.gettempdir(), f"megalith-fp16-{os.getppid()}-{self.pp}")
+        booster.save_optimizer(opt, path)
+        plugin = _plugin(self, precision="fp16", initial_scale=2**10, hysteresis=1)
+        other = Booster(plugin=plugin)
+        fresh = llama.build()
+        _, fresh_opt, *_ = other.boost(
+            fresh, torch.optim.AdamW(fresh.parameters(), lr=1e-3, weight_decay=0.1)
+        )
+        if fresh_opt.loss_scale == opt.loss_scale:
+            errors.append(f"resume: the scale {opt.loss_scale} is the initial one; test is moot")
+        other.load_optimizer(fresh_opt, path)
+        if fresh_opt.loss_scale != opt.loss_scale:
+            errors.append(f"resume: loss scale {fresh_opt.loss_scale}, saved {opt.loss_scale}")
+        comm.barrier()
+        if comm.get_world().rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ class PipePluginCase:
     layers: int = 4
     steps: int = 2
     checkpoint: bool = False  # save, then load as a whole model and under pp 2 x dp 2
+    outputs: bool = False  # return_outputs: the last stage's logits equal the whole model's
 
     def run(self, rank: int) -> tuple[list[str], float]:
         start = time.perf_counter()
@@ -83,7 +84,8 @@ class PipePluginCase:
         tol = 2e-2 if loose else 1e-5
         for step in range(self.steps):
             ids = torch.randint(0, VOCAB, (2 * self.microbatches * dp, SEQ), generator=gen)
-            want = ref(ids, labels=ids).loss
+            ref_out = ref(ids, labels=ids)
+            want = ref_out.loss
             want.backward()
             if self.max_norm:
                 torch.nn.utils.clip_grad_norm_(ref.parameters(), self.max_norm)
@@ -98,7 +100,11 @@ class PipePluginCase:
                 except TypeError as exc:
                     if "iter(dataloader)" not in str(exc):
                         errors.append(f"execute_pipeline([batch]): {exc}")
-            out = booster.execute_pipeline(iter([batch]), model, criterion, opt, return_loss=True)
+            out = booster.execute_pipeline(
+                iter([batch]), model, criterion, opt, return_loss=True, return_outputs=self.outputs
+            )
+            if self.outputs:
+                check_outputs(out["outputs"], ref_out.logits.chunk(dp)[dp_rank], plugin, errors)
             loss = out["loss"].detach().reshape(1).float()
             comm.all_reduce(loss, op="avg", group=plugin.mesh.group("dp"))
             check(errors, f"loss at step {step}", loss[0], want.detach(), 5e-3 if loose else 1e-5)
@@ -118,6 +124,18 @@ class PipePluginCase:
         if self.checkpoint:
             check_reload(booster, model, trained, self.family, self.layers, errors)
         return errors, time.perf_counter() - start
+
+
+def check_outputs(outputs, want: torch.Tensor, plugin, errors: list[str]) -> None:
+    """Outputs on the ranks of the last stage only, equal to the whole model's logits for
+    this rank's rows (the micro-batches put back in order)."""
+    has = torch.tensor([float(outputs is not None)])
+    comm.all_reduce(has)
+    last_stage_ranks = plugin.mesh.group("dp").size * plugin.mesh.group("tp").size
+    if int(has) != last_stage_ranks:
+        errors.append(f"outputs on {int(has)} ranks, want {last_stage_ranks} (the last stage's)")
+    if outputs is not None:
+        check(errors, "outputs.logits", outputs.logits.float(), want.detach())
 
 
 def check_reload(booster, model, trained, family: str, layers: int, errors: list[str]) -> None:

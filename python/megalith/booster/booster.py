@@ -93,7 +93,9 @@ class Booster:
         takes the next batch of data_iter, runs every micro-batch's forward and backward
         in the schedule's order; then call optimizer.step(). criterion(outputs, micro_batch)
         as ColossalAI calls it. Returns {"loss": the batch's loss on every rank (or None),
-        "outputs": None}."""
+        "outputs": with return_outputs, the last stage's outputs for the whole batch (the
+        micro-batches' concatenated; an object with .logits for a causal LM) on the rank
+        holding the last stage, None elsewhere}."""
         run = getattr(self.plugin, "execute_pipeline", None)
         if run is None:
             raise NotImplementedError(
@@ -101,13 +103,9 @@ class Booster:
                 f"pp_size > 1), not {type(self.plugin).__name__}: run a step with model(...), "
                 "booster.backward(loss, optimizer) and optimizer.step()"
             )
-        if return_outputs:
-            raise NotImplementedError(
-                "execute_pipeline(return_outputs=True): the last stage's outputs are not "
-                "gathered yet; use return_loss"
-            )
-        loss = run(data_iter, model, criterion, optimizer)
-        return {"loss": loss if return_loss else None, "outputs": None}
+        loss = run(data_iter, model, criterion, optimizer, return_outputs=return_outputs)
+        outputs = model.last_outputs if return_outputs else None
+        return {"loss": loss if return_loss else None, "outputs": outputs}
 
     # -- checkpoints ----------------------------------------------------------
     def save_model(

@@ -262,10 +262,12 @@ def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard:
         plan, params = zero.full_optimizer.full_plan(zopt, layout)
         states = zero.full_optimizer.full_states(zopt, layout)
         kind, groups, scaler = zopt.rule.kind, zopt.optimizer.param_groups, None
+        loss_scaler = zopt.scaler
     else:
         plan, params, states = _plain_states(optimizer)
         kind, groups = _kind(optimizer.optim), optimizer.optim.param_groups
-        scaler = getattr(optimizer, "scaler", None)
+        scaler = getattr(optimizer, "scaler", None)  # torch's GradScaler (TorchDDPPlugin)
+        loss_scaler = getattr(optimizer, "loss_scaler", None)  # megalith_zero's (Hybrid)
     if pipelined:
         plan, params, tensors = pipeline_io.full_optimizer_states(model, plan, params, states, SEP)
         states = iter(tensors.items())
@@ -281,7 +283,9 @@ def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard:
             "param_groups": zero.full_optimizer.hyperparameters(groups),
             "params": params,
             # the scale in megalith_zero's form (a ZeRO plugin reads it) and GradScaler's own state
-            "loss_scale": {"scale": float(scaler.get_scale()), "clean_steps": 0}
+            "loss_scale": loss_scaler.state_dict()
+            if loss_scaler is not None
+            else {"scale": float(scaler.get_scale()), "clean_steps": 0}
             if scaler
             else None,
             "grad_scaler": dict(scaler.state_dict()) if scaler else None,
@@ -303,7 +307,7 @@ def load_optimizer(optimizer: Any, checkpoint: str) -> None:
         else:
             layout = _zero_layout(zopt.model)
         zero.load_full_optimizer(zopt.model, zopt, path, layout=layout)
-        return
+        return  # with the loss scale: load_full_optimizer reads it
     meta = zero.full_optimizer.read_meta(path)
     optim = optimizer.optim
     if meta["kind"] != _kind(optim):
@@ -344,6 +348,9 @@ def load_optimizer(optimizer: Any, checkpoint: str) -> None:
     scaler = getattr(optimizer, "scaler", None)
     if scaler is not None and meta.get("grad_scaler"):
         scaler.load_state_dict(meta["grad_scaler"])
+    loss_scaler = getattr(optimizer, "loss_scaler", None)
+    if loss_scaler is not None and meta.get("loss_scale"):
+        loss_scaler.load_state_dict(meta["loss_scale"])
     _barrier()
 
 

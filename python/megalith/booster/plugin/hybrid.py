@@ -519,7 +519,14 @@ class HybridParallelPlugin(Plugin):
         mo = require("megalith_offload", "megalith-offload", "HybridParallelPlugin(cpu_offload)")
         return mo.OffloadConfig(tier="host", optim_frac=1.0)
 
-    def execute_pipeline(self, data_iter: Any, model: Any, criterion: Any, optimizer: Any) -> Any:
+    def execute_pipeline(
+        self,
+        data_iter: Any,
+        model: Any,
+        criterion: Any,
+        optimizer: Any,
+        return_outputs: bool = False,
+    ) -> Any:
         if not isinstance(model, PipelineModel):
             raise ValueError(
                 "execute_pipeline: the model must be the one boost() returned with pp_size > 1"
@@ -530,7 +537,9 @@ class HybridParallelPlugin(Plugin):
                 f"{type(data_iter).__name__}: each step takes its next batch"
             )
         scale = getattr(optimizer, "loss_scale", 1.0) if optimizer is not None else 1.0
-        return model.step(next(data_iter), criterion, model.zero_no_sync, scale)
+        return model.step(
+            next(data_iter), criterion, model.zero_no_sync, scale, keep_outputs=return_outputs
+        )
 
     def local_named_parameters(self, model: Any) -> dict[str, torch.nn.Parameter]:
         """This rank's parameters (its stages, its tp shards) by their names in the model."""

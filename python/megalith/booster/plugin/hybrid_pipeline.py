@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils._pytree import tree_map
 
 from ..wrappers import ModelWrapper
 
@@ -147,16 +148,52 @@ def model_inputs(batch: Any) -> Any:
 
 
 def loss_fn_for(
-    criterion: Callable[..., torch.Tensor], loss_scale: float = 1.0
+    criterion: Callable[..., torch.Tensor],
+    loss_scale: float = 1.0,
+    keep: list[Any] | None = None,
 ) -> Callable[[Any, Any], torch.Tensor]:
+    """The pipeline's loss on the last stage: criterion(outputs, micro_batch), times the
+    fp16 loss scale; `keep` collects each micro-batch's outputs (detached), in order."""
+
     def loss_fn(output: Any, micro_batch: Any) -> torch.Tensor:
         if isinstance(output, torch.Tensor) and output.dim() == 3:
             labels = micro_batch.get("labels") if isinstance(micro_batch, dict) else None
             output = LMOutput(output, labels)
+        if keep is not None:
+            keep.append(_detached(output))
         loss = criterion(output, micro_batch)
         return loss if loss_scale == 1.0 else loss.float() * loss_scale
 
     return loss_fn
+
+
+def _detached(output: Any) -> Any:
+    if isinstance(output, LMOutput):
+        return LMOutput(output.logits.detach(), output._labels)
+    return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, output)
+
+
+def merge_outputs(outputs: list[Any]) -> Any:
+    """The micro-batches' outputs as one batch's: tensors concatenated along dim 0, in
+    LMOutput, dicts (ModelOutput too), tuples and lists alike."""
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(outputs) if first.dim() else torch.stack(outputs)
+    if isinstance(first, LMOutput):
+        labels = [o._labels for o in outputs]
+        return LMOutput(
+            torch.cat([o.logits for o in outputs]),
+            None if any(x is None for x in labels) else torch.cat(labels),
+        )
+    if isinstance(first, dict):
+        merged = {k: merge_outputs([o[k] for o in outputs]) for k in first}
+        try:
+            return type(first)(**merged)
+        except TypeError:
+            return merged
+    if isinstance(first, (tuple, list)):
+        return type(first)(merge_outputs(list(parts)) for parts in zip(*outputs))
+    return outputs  # anything else: the micro-batches' values, in order
 
 
 class PipelineModel(ModelWrapper):
@@ -172,6 +209,7 @@ class PipelineModel(ModelWrapper):
         self.mesh = mesh
         self.whole = whole  # the model as given (names for checkpoints); stages alias it
         self.zero_no_sync: Callable | None = None  # megalith_zero's, under zero_stage 1
+        self.last_outputs: Any = None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(
@@ -195,17 +233,21 @@ class PipelineModel(ModelWrapper):
         criterion: Callable,
         no_sync: Callable | None,
         loss_scale: float = 1.0,
+        keep_outputs: bool = False,
     ) -> torch.Tensor:
         """Forward and backward of the batch through every stage; the loss on every rank.
         fp16: each micro-batch's loss is multiplied by loss_scale before its backward (the
-        optimizer unscales); the loss returned is the unscaled one."""
+        optimizer unscales); the loss returned is the unscaled one. keep_outputs: the last
+        stage's outputs of the whole batch go to `last_outputs` (None on other ranks)."""
         pipe = self.pipe
         inputs = model_inputs(batch)
         n = inputs.shape[0] if isinstance(inputs, torch.Tensor) else len(inputs)
         pipe.set_num_microbatches(self.settings.microbatches(n))
-        pipe.loss_fn = pipe.executor.loss_fn = loss_fn_for(criterion, loss_scale)
+        kept: list[Any] | None = [] if keep_outputs else None
+        pipe.loss_fn = pipe.executor.loss_fn = loss_fn_for(criterion, loss_scale, kept)
         device = pipe.channels.device
         inputs = inputs.to(device) if isinstance(inputs, torch.Tensor) else inputs
         with self.autocast():
             loss = pipe.step(inputs, batch, no_sync=no_sync)
+        self.last_outputs = merge_outputs(kept) if kept else None
         return loss if loss is None or loss_scale == 1.0 else loss / loss_scale
