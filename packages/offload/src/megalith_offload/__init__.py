@@ -12,7 +12,8 @@ chunk's step and written after it, the next chunk's read overlapping the step).
 See packages/offload/README.md.
 """
 
-from .config import TIERS, OffloadConfig
+from . import auto
+from .config import PLACEMENTS, TIERS, OffloadConfig
 from .host import ALIGNMENT, HostTier, host_resource
 from .offloader import Offloader
 from .placement import ChunkCost, Plan, plan
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ALIGNMENT",
+    "PLACEMENTS",
     "TIERS",
     "ChunkCost",
     "HostTier",
@@ -30,6 +32,7 @@ __all__ = [
     "Plan",
     "SwapStore",
     "__version__",
+    "auto",
     "file_bytes",
     "host_resource",
     "plan",

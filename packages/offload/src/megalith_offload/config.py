@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 TIERS = ("host", "nvme")
+PLACEMENTS = ("static", "auto")
 
 
 @dataclass(frozen=True)
@@ -19,8 +20,19 @@ class OffloadConfig:
         fp32 masters of offloaded chunks live in host memory on either tier.
     optim_frac: the fraction of chunks whose states are offloaded (ColossalAI's
         offload_optim_frac): 1.0 offloads all, 0.0 none (unless the budget asks).
-    device_budget_bytes: at most this many bytes of masters and optimizer states
-        stay on the device tier; chunks past it are offloaded too. None: no limit.
+    placement: "static" (the default): the chunks named by optim_frac and
+        device_budget_bytes are offloaded for the whole run. "auto": the first step
+        (the warm-up) runs with every chunk offloaded (static full offload) while the
+        non-model memory of the step is measured; afterwards the chunks that fit the
+        device budget move back to the device tier (see megalith_offload.auto).
+    device_budget_bytes: static: at most this many bytes of masters and optimizer
+        states stay on the device tier; chunks past it are offloaded too; None: no
+        limit. auto: every byte the step uses on the device (working params, grads,
+        gathered chunks, activations and other non-model memory, masters and states
+        kept there); None: the GPU's total memory (required on CPU ranks, where it
+        is a simulated device).
+    headroom: auto: the fraction of device_budget_bytes kept free beyond the warm-up's
+        measured peak (allocator fragmentation, steps whose activations differ).
     host_budget_bytes: at most this many bytes of host memory for offloaded
         masters and states (tier "host") or masters and NVMe staging buffers (tier
         "nvme"); enforced by the engine. None: no limit.
@@ -33,6 +45,8 @@ class OffloadConfig:
 
     tier: str = "host"
     optim_frac: float = 1.0
+    placement: str = "static"
+    headroom: float = 0.1
     device_budget_bytes: int | None = None
     host_budget_bytes: int | None = None
     swap_dir: str | None = None
@@ -48,6 +62,18 @@ class OffloadConfig:
             raise ValueError(f"OffloadConfig: optim_frac={frac!r}; expected 0 <= optim_frac <= 1")
         if not math.isfinite(frac):
             raise ValueError(f"OffloadConfig: optim_frac={frac!r}; expected a finite number")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(
+                f"OffloadConfig: placement={self.placement!r}; expected 'static' or 'auto'"
+            )
+        if self.placement == "auto" and frac != 1.0:
+            raise ValueError(
+                f"OffloadConfig: optim_frac={frac!r} with placement='auto'; the warm-up offloads "
+                "every chunk and the budget decides what comes back (leave optim_frac at 1.0)"
+            )
+        h = self.headroom
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h < 1:
+            raise ValueError(f"OffloadConfig: headroom={h!r}; expected 0 <= headroom < 1")
         for name in ("device_budget_bytes", "host_budget_bytes"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):

@@ -26,6 +26,7 @@ class Offloader:
     ):
         self.config = config
         self.plan: Plan = plan(costs, config)
+        self.tiers = list(self.plan.tiers)  # as placed now (auto placement changes them)
         kinds = ("master", "optim_states") if config.tier == "host" else ("master", "swap_staging")
         self.host = HostTier(config.host_budget_bytes, pinned, kinds)
         self.swap: SwapStore | None = None
@@ -33,11 +34,11 @@ class Offloader:
             self.swap = SwapStore(config, rank, self.host, self.plan.slots, self.plan.slot_bytes)
 
     def tier(self, index: int) -> str:
-        return self.plan.tiers[index]
+        return self.tiers[index]
 
     @property
     def offloaded(self) -> list[int]:
-        return [i for i, t in enumerate(self.plan.tiers) if t != "device"]
+        return [i for i, t in enumerate(self.tiers) if t != "device"]
 
     def report(self) -> dict[str, tuple[int, int]]:
         out = {f"{k}@host": v for k, v in self.host.report().items()}

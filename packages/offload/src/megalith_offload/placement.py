@@ -5,6 +5,9 @@ counts chunks the same way); the rest stay on the device tier while their bytes
 fit device_budget_bytes, and are offloaded past it. Offloaded chunks go to the
 configured tier. The host side is then checked against host_budget_bytes before
 anything is allocated, so a budget that cannot work fails with the numbers.
+
+With placement="auto" every chunk starts offloaded (the warm-up step); what comes
+back to the device afterwards is megalith_offload.auto's choice.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def plan(costs: Sequence[ChunkCost], config: OffloadConfig) -> Plan:
     n = len(costs)
     n_off = min(n, math.ceil(config.optim_frac * n - 1e-9))
     tiers = [config.tier] * n_off + ["device"] * (n - n_off)
-    budget = config.device_budget_bytes
+    budget = config.device_budget_bytes if config.placement == "static" else None
     on_device = 0
     for i in range(n_off, n):
         if budget is not None and on_device + costs[i].device > budget:

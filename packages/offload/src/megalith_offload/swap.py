@@ -160,6 +160,19 @@ class SwapStore:
             for name, t in states.items():
                 t.copy_(src[name])
 
+    def has(self, key: Hashable) -> bool:
+        return key in self._entries
+
+    def drop(self, key: Hashable) -> None:
+        """Forgets `key`'s states (moved elsewhere): its file is truncated to 0 bytes,
+        freeing the disk space, and removed with the directory."""
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return
+        for s in self._slots:
+            s.settle()  # a write-back to this file may still be in flight
+        os.truncate(entry.file.path, 0)
+
     @property
     def nbytes(self) -> int:
         return sum(e.file.nbytes for e in self._entries.values())

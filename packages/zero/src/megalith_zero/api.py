@@ -15,7 +15,7 @@ from .full_state import iter_full_params
 from .grads import GradReducer
 from .layout import Layout, chunk_numel_for, plan
 from .memory import StateMemory
-from .offload import make_offloader
+from .offload import AutoPlacement, auto_budget, make_offloader
 from .optimizer import ModelParallel, ZeroOptimizer
 from .rule import check_group, rule_for
 from .stage3 import Stage3Hooks
@@ -43,6 +43,8 @@ class ZeroModel(torch.nn.Module):
         self.memory = memory
         self.stage3 = stage3
         self.group = group
+        #: placement="auto" until its warm-up step ends (see megalith_zero.offload)
+        self.placement: AutoPlacement | None = None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         dtype = self.param_dtype
@@ -53,7 +55,11 @@ class ZeroModel(torch.nn.Module):
                 ),
                 (args, kwargs),
             )
-        out = self.module(*args, **kwargs)
+        if self.placement is not None and self.placement.pending:
+            with self.placement.forward():
+                out = self.module(*args, **kwargs)
+        else:
+            out = self.module(*args, **kwargs)
         if self.stage3 is not None and not torch.is_grad_enabled():
             self.stage3.end_step()
         return out
@@ -169,6 +175,16 @@ def shard(
             f"megalith_zero: parameters are on {sorted(map(str, devices))}; move the model to one device"
         )
     device = devices.pop()
+    element = torch.empty((), dtype=config.param_dtype).element_size()
+    numel = chunk_numel_for(
+        [p.numel() for _, p, _ in params], config.chunk_bytes, element, group.size
+    )
+    layout = plan(params, group.size, numel)
+    # Budgets are checked before the first collective: a bad one fails on every rank alike.
+    budget = auto_budget(config, layout, device)
+    memory = StateMemory(device)
+    offloader, plan_index = make_offloader(config, layout, optimizer, rule, group.rank, device)
+    memory.offloader = offloader
     with torch.no_grad():
         src = group.global_rank(0)
         for _, p, _ in params:
@@ -176,14 +192,6 @@ def shard(
         for b in model.buffers():
             comm.broadcast(b, src=src, group=group)
 
-    element = torch.empty((), dtype=config.param_dtype).element_size()
-    numel = chunk_numel_for(
-        [p.numel() for _, p, _ in params], config.chunk_bytes, element, group.size
-    )
-    layout = plan(params, group.size, numel)
-    memory = StateMemory(device)
-    offloader, plan_index = make_offloader(config, layout, optimizer, rule, group.rank, device)
-    memory.offloader = offloader
     chunks = [
         FlatChunk(
             spec,
@@ -217,5 +225,12 @@ def shard(
         optimizer, rule, chunks, reducer, group, gather_group, config, offloader, model_parallel
     )
     zmodel = ZeroModel(model, chunks, layout, memory, stage3, group, config.param_dtype)
+    if budget is not None:
+        ahead = 0
+        if config.stage == 3:  # prefetching holds this many gathered chunks more
+            ahead = config.prefetch * max(c.spec.numel for c in chunks) * element
+        zmodel.placement = zopt.placement = AutoPlacement(
+            budget, config.offload.headroom, memory, chunks, offloader, plan_index, ahead
+        )
     zmodel.optimizer, zopt.model = zopt, zmodel  # checkpoint functions take either
     return zmodel, zopt

@@ -212,6 +212,39 @@ class FlatChunk:
                     "optim_states", self.spec.shard_numel, torch.float32
                 )
 
+    def to_device(self, names: tuple[str, ...]) -> None:
+        """Moves an offloaded chunk's fp32 master and optimizer states (`names`) to the
+        device tier (automatic placement): device memory is allocated and counted by
+        the engine, the values copied, the host copies freed (NVMe: the file dropped);
+        the optimizer steps the chunk with the device kernel from then on."""
+        if self.tier == "device":
+            return
+        s = self.spec.shard_numel
+        if self.shard.dtype == torch.float32:
+            master = self.shard  # fp32 on the device tier: the shard is the master
+            master.copy_(self.master)  # equal already (each step writes it); made sure
+        else:
+            master = self.memory.empty("master", s, torch.float32)
+            master.copy_(self.master)
+        states = {n: self.memory.empty("optim_states", s, torch.float32) for n in names}
+        if self.swap is not None:
+            key = self.spec.index
+            if names and self.swap.has(key):
+                self.swap.load(key, states)
+            else:  # never stepped: the states start at zeros
+                for t in states.values():
+                    t.zero_()
+            self.swap.drop(key)
+        else:
+            for n, t in states.items():
+                if n in self.states:
+                    t.copy_(self.states[n])
+                else:
+                    t.zero_()
+        self.master, self.states = master, states
+        self.host = self.swap = None
+        self.tier = "device"
+
     def step_pieces(self, used: list[bool]) -> list[tuple[int, slice, list[int]]]:
         """(step number to take, shard range, slot indices) runs for the fused update.
 

@@ -1,5 +1,7 @@
 """ZeRO-Offload: the bridge to megalith_offload, which decides per chunk where the fp32
-master and the optimizer states live ("device", "host" or "nvme").
+master and the optimizer states live ("device", "host" or "nvme"), and, with
+placement="auto", the warm-up that decides it from a measured step (AutoPlacement;
+see [Note: auto placement] in megalith_offload/auto.py).
 
 megalith_offload is optional: it is imported behind a guard here, and only a
 ZeroConfig that asks for offloading needs it.
@@ -13,6 +15,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+
+import megalith_comm as comm
 
 from .config import ZeroConfig
 from .layout import Layout
@@ -113,6 +117,117 @@ def resident_states(zopt: Any) -> Iterator[None]:
     finally:
         for c in swapped:
             c.states = {}
+
+
+def auto_budget(config: ZeroConfig, layout: Layout, device: torch.device) -> int | None:
+    """placement="auto": the device budget in bytes, checked against the model state that
+    stays on the device whatever the placement (no collective has run yet); None for
+    static placement."""
+    if config.offload is None or config.offload.placement != "auto":
+        return None
+    mo = require_offload()
+    budget = mo.auto.device_budget(config.offload.device_budget_bytes, device)
+    wd = torch.empty((), dtype=config.param_dtype).element_size()
+    rd = torch.empty((), dtype=config.grad_reduce_dtype).element_size()
+    stage = config.stage
+    params = grads = in_flight = gathered = 0
+    one: tuple[int, int] | None = None
+    for spec in layout.chunks:
+        n, s, trains = spec.numel, spec.shard_numel, spec.group >= 0
+        p = (s if stage == 3 else n) * wd
+        g = ((n if stage == 1 else s) * rd) if trains else 0
+        f = n * rd if trains and stage > 1 else 0
+        q = n * wd if stage == 3 else 0
+        params, grads = params + p, grads + g
+        in_flight, gathered = max(in_flight, f), max(gathered, q)
+        if trains and (one is None or p + g + f + q < one[0]):
+            one = (p + g + f + q, spec.index)
+    one = one or (0, -1)
+    mo.auto.check_resident(
+        budget, mo.auto.Resident(params, grads, in_flight, gathered, one[0], one[1])
+    )
+    return budget
+
+
+class AutoPlacement:
+    """The warm-up of placement="auto": measures the first step (forward and backward
+    through ZeroModel, then ZeroOptimizer.step) and then moves the chunks that fit the
+    budget back to the device tier.
+
+    After finish(): `footprint` (the warm-up's peaks), `room` (bytes the budget left for
+    masters and states on the device) and `moved` (the chunk indices moved back).
+    """
+
+    def __init__(
+        self,
+        budget: int,
+        headroom: float,
+        memory: Any,
+        chunks: list[FlatChunk],
+        offloader: Any,
+        plan_index: dict[int, int],
+        prefetch_bytes: int = 0,
+    ):
+        mo = require_offload()
+        self.budget, self.headroom = budget, headroom
+        #: stage 3: gathered chunks that prefetching holds from the second step on (the
+        #: warm-up records the order and does not prefetch yet)
+        self.prefetch_bytes = prefetch_bytes
+        self.memory, self.chunks = memory, chunks
+        self.offloader, self.plan_index = offloader, plan_index
+        self.meter = mo.auto.NonModelMeter(memory.device, self._param_storages)
+        self.pending = True
+        self.footprint: Any = None
+        self.room: int | None = None
+        self.moved: list[int] = []
+
+    def _param_storages(self) -> list[int]:
+        return [c.full.untyped_storage().data_ptr() for c in self.chunks]
+
+    @contextlib.contextmanager
+    def forward(self) -> Iterator[None]:
+        """Around the model's forward while the warm-up runs; its first forward starts
+        the measurement (and resets the engine's peak counters)."""
+        if not self.meter.running:
+            self.memory.reset_peak()
+            self.meter.start()
+        with self.meter.forward():
+            yield
+
+    def finish(self, group: comm.ProcessGroup, optimizer: Any, rule: Rule) -> None:
+        """Ends the warm-up: the footprint (the max over the group, so that every rank
+        decides alike), the room it leaves, and the chunks moved back."""
+        mo = require_offload()
+        self.pending = False
+        non_model = self.meter.stop()
+        report = self.memory.report()
+        kinds = ["params", "grads", "grads_in_flight", "master", "optim_states"]
+        if self.memory.device.type != "cuda":  # on CUDA, torch's peak holds them
+            kinds.append("gathered")
+        vec = torch.tensor(
+            [non_model, *(report[k].peak_bytes for k in kinds)],
+            dtype=torch.float64,
+            device=self.memory.device,
+        )
+        comm.all_reduce(vec, op="max", group=group)
+        values = [int(v) for v in vec.cpu().tolist()]
+        model = dict(zip(kinds, values[1:]))
+        model["prefetch"] = self.prefetch_bytes
+        self.footprint = mo.auto.Footprint(values[0], model)
+        self.room = mo.auto.check_warmup(self.budget, self.headroom, self.footprint)
+        groups = optimizer.param_groups
+        mixed = int(any(c.shard.dtype != torch.float32 for c in self.chunks if c.trainable))
+        costs, names = [], {}
+        for c in self.chunks:
+            if c.trainable and c.tier != "device":
+                names[c.spec.index] = rule.state_names(groups[c.spec.group])
+                n_states = len(names[c.spec.index])
+                costs.append((c.spec.index, FLOAT * c.spec.shard_numel * (n_states + mixed)))
+        self.moved = mo.auto.choose(costs, self.room)
+        by_index = {c.spec.index: c for c in self.chunks}
+        for k in self.moved:
+            by_index[k].to_device(names[k])
+            self.offloader.tiers[self.plan_index[k]] = "device"
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -94,6 +94,9 @@ class ZeroOptimizer:
         self.skipped_steps = 0
         self.model_parallel = model_parallel
         self._weighted = self._weighted_pieces(model_parallel)
+        #: placement="auto" (megalith_zero.offload.AutoPlacement): its warm-up ends
+        #: with the first step
+        self.placement: Any = None
 
     def _weighted_pieces(
         self, mp: ModelParallel | None
@@ -280,6 +283,8 @@ class ZeroOptimizer:
     def _end_step(self) -> None:
         self._stats = None
         self._clip_coef = 1.0
+        if self.placement is not None and self.placement.pending:
+            self.placement.finish(self.group, self.optimizer, self.rule)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.reducer.wait()

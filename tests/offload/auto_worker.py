@@ -1,0 +1,171 @@
+"""What each rank runs in the automatic-placement tests: the toy model (tests/zero/toy.py)
+under ZeRO with OffloadConfig(placement="auto") and a simulated device budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import megalith_comm as comm
+import megalith_zero as zero
+from megalith_offload import OffloadConfig
+
+from ..zero import toy
+
+#: the device-tier kinds of the engine's accounting (CPU ranks: gathered is engine-tallied)
+DEVICE_KINDS = ("params", "grads", "grads_in_flight", "gathered", "master", "optim_states")
+
+
+@dataclass(frozen=True)
+class Auto:
+    stage: int
+    budget: int | None = None  # None: no offloading (the baseline)
+    tier: str = "host"
+    precision: str = "fp32"
+    steps: int = 12
+    swap_dir: str = ""
+    headroom: float = 0.1
+    chunk_bytes: int = 2048  # small: many chunks, shards cut through parameters
+
+
+def _config(case: Auto) -> zero.ZeroConfig:
+    offload = None
+    if case.budget is not None:
+        offload = OffloadConfig(
+            tier=case.tier,
+            placement="auto",
+            device_budget_bytes=case.budget,
+            headroom=case.headroom,
+            swap_dir=case.swap_dir or None,
+            run_name="auto",
+        )
+    return zero.ZeroConfig(
+        stage=case.stage, precision=case.precision, chunk_bytes=case.chunk_bytes, offload=offload
+    )
+
+
+def _device_peak(report) -> int:
+    return sum(report[k].peak_bytes for k in DEVICE_KINDS)
+
+
+def train(rank: int, case: Auto):
+    """Trains; a dict of results, or ("error", type, message) when it fails."""
+    n = comm.get_world().world_size
+    model = toy.make_model(0)
+    opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
+    try:
+        zmodel, zopt = zero.shard(model, opt, _config(case))
+    except (ValueError, MemoryError) as e:
+        return ("error", type(e).__name__, str(e))
+    rows = toy.BATCH // n
+    losses, out = [], {}
+    try:
+        for step, micro in enumerate(toy.batches(0, case.steps, 1), start=1):
+            x, y = micro[0]
+            loss = toy.loss_fn(
+                zmodel, x[rank * rows : (rank + 1) * rows], y[rank * rows : (rank + 1) * rows]
+            )
+            zopt.backward(loss)
+            zopt.step()
+            zopt.zero_grad()
+            total = loss.detach().double()
+            comm.all_reduce(total, op="avg")
+            losses.append(float(total))
+            if step == 1 and zopt.placement is not None:
+                p = zopt.placement
+                out["warmup_peak"] = _device_peak(zmodel.memory_report())
+                out["footprint"] = (p.footprint.non_model, dict(p.footprint.model))
+                out["room"], out["moved"] = p.room, list(p.moved)
+                zmodel.memory.reset_peak()  # the placed steps' peaks from here on
+    except (ValueError, MemoryError) as e:
+        zopt.close()
+        return ("error", type(e).__name__, str(e))
+    report = zmodel.memory_report()
+    state = zmodel.full_state_dict()  # collective: every rank
+    out.update(
+        losses=losses,
+        params=state if rank == 0 else None,
+        tiers=[c.tier for c in zmodel.chunks if c.trainable],
+        report={k: (u.current_bytes, u.peak_bytes) for k, u in report.items()},
+        device_peak=_device_peak(report),
+        # masters and states on the device tier, per trainable chunk (0: offloaded)
+        chunk_device=[
+            4 * c.spec.shard_numel * (len(c.states) + (c.shard.dtype != torch.float32))
+            if c.tier == "device"
+            else 0
+            for c in zmodel.chunks
+            if c.trainable
+        ],
+        swap_files=zopt.offloader.swap.nbytes if zopt.offloader and zopt.offloader.swap else 0,
+    )
+    zopt.close()
+    return out
+
+
+def unbroadcast(rank: int, budget: int):
+    """shard() with a budget too small: (error message, whether this rank's parameters
+    kept their own values, i.e. no broadcast ran). Each rank builds a different model."""
+    model = toy.make_model(rank)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    config = zero.ZeroConfig(
+        stage=2,
+        chunk_bytes=2048,
+        offload=OffloadConfig(placement="auto", device_budget_bytes=budget),
+    )
+    try:
+        zero.shard(model, opt, config)
+    except ValueError as e:
+        after = model.state_dict()
+        return str(e), all(torch.equal(before[k], after[k]) for k in before)
+    return "no error", False
+
+
+@dataclass(frozen=True)
+class Boosted:
+    """GeminiPlugin (stage 3, fp32) with auto placement set through set_offload."""
+
+    budget: int | None = None  # None: no offloading
+    steps: int = 8
+    save_at: int = 0
+    save_dir: str = ""
+    resume: str = ""
+
+
+def boosted(rank: int, run: Boosted):
+    """Rank 0 returns (per-step losses, tiers of the trainable chunks at the end)."""
+    from megalith.booster import Booster, GeminiPlugin
+
+    n = comm.get_world().world_size
+    model = toy.make_model(5)
+    opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
+    plugin = GeminiPlugin(precision="fp32")
+    if run.budget is not None:
+        plugin.set_offload(tier="host", placement="auto", device_budget_bytes=run.budget)
+    booster = Booster(plugin=plugin)
+    model, opt, *_ = booster.boost(model, opt)
+    first = 0
+    if run.resume:  # loaded before the warm-up: into the offload tier, moved after it
+        booster.load_model(model, f"{run.resume}/model")
+        booster.load_optimizer(opt, f"{run.resume}/optim")
+        first = run.save_at
+    rows = toy.BATCH // n
+    losses = []
+    for step, micro in enumerate(toy.batches(5, run.steps, 1)[first:], start=first + 1):
+        x, y = micro[0]
+        loss = toy.loss_fn(
+            model, x[rank * rows : (rank + 1) * rows], y[rank * rows : (rank + 1) * rows]
+        )
+        booster.backward(loss, opt)
+        opt.step()
+        opt.zero_grad()
+        t = loss.detach().double()
+        comm.all_reduce(t, op="avg")
+        losses.append(float(t))
+        if step == run.save_at and run.save_dir:
+            booster.save_model(model, f"{run.save_dir}/model", shard=True, size_per_shard=1)
+            booster.save_optimizer(opt, f"{run.save_dir}/optim", shard=True, size_per_shard=1)
+    tiers = [c.tier for c in opt.optim.chunks if c.trainable]
+    opt.optim.close()
+    return (losses, tiers) if rank == 0 else None
