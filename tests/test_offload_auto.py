@@ -76,7 +76,7 @@ def _check_budget(case, r):
 
 def test_auto_placement_training_and_budgets(tmp_path):
     swap = str(tmp_path / "swap")
-    keys = [(2, "fp32"), (3, "fp32"), (1, "fp32"), (2, "bf16")]
+    keys = [(2, "fp32"), (3, "fp32"), (1, "fp32"), (2, "bf16"), (3, "fp16")]
     bases = [Auto(stage=s, precision=p) for s, p in keys]
     everything = [Auto(stage=s, precision=p, budget=HUGE) for s, p in keys]
     everything.append(Auto(stage=3, budget=HUGE, tier="nvme", swap_dir=swap))
@@ -126,6 +126,16 @@ def test_auto_placement_training_and_budgets(tmp_path):
             else:  # the first chunks come back (first fit in layout order), not all
                 assert r["tiers"][0] == "device" and case.tier in r["tiers"], (case, r["tiers"])
     assert not list(Path(swap).glob("megalith-swap-*")), "a swap directory was left behind"
+
+
+def test_auto_placement_on_one_rank():
+    """World 1: the same equality; the warm-up's group max is over one rank."""
+    grid = [Auto(stage=2), Auto(stage=3), Auto(stage=2, budget=HUGE), Auto(stage=3, budget=HUGE)]
+    b2, b3, a2, a3 = (r[0] for r in run_grid(train, grid, 1, timeout=120))
+    for case, got, base in ((grid[2], a2, b2), (grid[3], a3, b3)):
+        _check_equal(case, got, base)
+        assert set(got["tiers"]) == {"device"}
+        _check_budget(case, got)
 
 
 def test_budget_too_small_fails_before_the_first_collective():
