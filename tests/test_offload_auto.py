@@ -138,6 +138,25 @@ def test_auto_placement_on_one_rank():
         _check_budget(case, got)
 
 
+def test_auto_placement_after_a_skipped_warmup(tmp_path):
+    """fp16 overflow skips the warm-up step: no optimizer state exists yet when the chunks
+    move (host and NVMe); they start at zeros on the device, as without offload."""
+    swap = str(tmp_path / "swap")
+    base = Auto(stage=2, precision="fp16", overflow_first=True)
+    grid = [
+        base,
+        Auto(stage=2, precision="fp16", overflow_first=True, budget=HUGE),
+        Auto(
+            stage=2, precision="fp16", overflow_first=True, budget=HUGE, tier="nvme", swap_dir=swap
+        ),
+    ]
+    b, host, nvme = (r[0] for r in run_grid(train, grid, 2, timeout=120))
+    for case, got in zip(grid[1:], (host, nvme)):
+        assert got["warmup_skipped"] == 1, got["warmup_skipped"]
+        _check_equal(case, got, b)
+        assert set(got["tiers"]) == {"device"} and got["swap_files"] == 0
+
+
 def test_budget_too_small_fails_before_the_first_collective():
     """Each rank builds a different model: parameters unchanged after the failure means
     shard() raised before broadcasting rank 0's."""

@@ -27,6 +27,9 @@ class Auto:
     swap_dir: str = ""
     headroom: float = 0.1
     chunk_bytes: int = 2048  # small: many chunks, shards cut through parameters
+    #: fp16: a loss scale that overflows the first step, then backs off to 2**10: the
+    #: warm-up step is skipped and no optimizer state exists when the chunks move
+    overflow_first: bool = False
 
 
 def _config(case: Auto) -> zero.ZeroConfig:
@@ -40,8 +43,15 @@ def _config(case: Auto) -> zero.ZeroConfig:
             swap_dir=case.swap_dir or None,
             run_name="auto",
         )
+    scale = zero.LossScaleConfig()
+    if case.overflow_first:
+        scale = zero.LossScaleConfig(initial=2.0**40, max_scale=2.0**40, backoff=2.0**-30)
     return zero.ZeroConfig(
-        stage=case.stage, precision=case.precision, chunk_bytes=case.chunk_bytes, offload=offload
+        stage=case.stage,
+        precision=case.precision,
+        chunk_bytes=case.chunk_bytes,
+        offload=offload,
+        loss_scale=scale,
     )
 
 
@@ -77,6 +87,7 @@ def train(rank: int, case: Auto):
                 out["warmup_peak"] = _device_peak(zmodel.memory_report())
                 out["footprint"] = (p.footprint.non_model, dict(p.footprint.model))
                 out["room"], out["moved"] = p.room, list(p.moved)
+                out["warmup_skipped"] = zopt.skipped_steps
                 zmodel.memory.reset_peak()  # the placed steps' peaks from here on
     except (ValueError, MemoryError) as e:
         zopt.close()
