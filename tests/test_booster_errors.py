@@ -21,9 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
         (lambda: Booster(plugin=42), TypeError, "plugin must be a megalith Plugin or a name"),
         (lambda: LowLevelZeroPlugin(stage=3), ValueError, "stage 3 is GeminiPlugin"),
         (
-            lambda: GeminiPlugin(placement_policy="auto"),
-            NotImplementedError,
-            "use placement_policy='static' with offload_optim_frac",
+            lambda: GeminiPlugin(placement_policy="auto", offload_optim_frac=0.5),
+            ValueError,
+            "auto placement decides the fraction itself",
+        ),
+        (
+            lambda: GeminiPlugin(placement_policy="auto", steady_cuda_cap_ratio=1.5),
+            ValueError,
+            "steady_cuda_cap_ratio=1.5",
         ),
         (
             lambda: GeminiPlugin(offload_param_frac=0.5),
@@ -62,3 +67,13 @@ def test_library_code_has_no_bare_asserts():
                 if isinstance(node, ast.Assert):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, "checks must raise (python -O strips asserts):\n  " + "\n  ".join(found)
+
+
+def test_gemini_auto_placement_is_megalith_offloads_auto():
+    # ColossalAI's placement_policy="auto": every state offloaded for a warm-up step,
+    # then as many chunks as fit steady_cuda_cap_ratio of the device come back
+    # (trained end to end in tests/test_offload_auto.py).
+    plugin = GeminiPlugin(placement_policy="auto", steady_cuda_cap_ratio=0.8)
+    config = plugin._offload
+    assert (config.placement, config.tier, config.optim_frac) == ("auto", "host", 1.0)
+    assert abs(config.headroom - 0.2) < 1e-12

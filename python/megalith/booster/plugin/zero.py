@@ -184,7 +184,12 @@ class LowLevelZeroPlugin(_ZeroPlugin):
 class GeminiPlugin(_ZeroPlugin):
     """ZeRO stage 3 over chunks (ColossalAI's arguments). offload_optim_frac keeps that
     fraction of the chunks' fp32 masters and optimizer states in host memory
-    (megalith-offload). placement_policy="auto" and offload_param_frac are not there yet."""
+    (megalith-offload). placement_policy="auto": the first step runs with every chunk's
+    masters and states on the host while it measures the step's device memory, then
+    the chunks that fit under steady_cuda_cap_ratio of the device move back to it
+    (megalith_offload's auto placement; on CPU ranks give the simulated device's size
+    with set_offload(placement="auto", device_budget_bytes=...)). offload_param_frac is
+    not there yet."""
 
     stage = 3
 
@@ -207,17 +212,17 @@ class GeminiPlugin(_ZeroPlugin):
         chunk_config_dict: dict | None = None,
         pin_memory: bool = False,
         verbose: bool = False,
+        steady_cuda_cap_ratio: float = 0.9,
     ) -> None:
         super().__init__()
         if placement_policy not in ("static", "auto"):
             raise ValueError(
                 f"GeminiPlugin: placement_policy={placement_policy!r}; expected 'static' or 'auto'"
             )
-        if placement_policy == "auto":
-            raise NotImplementedError(
-                "GeminiPlugin: placement_policy='auto' (placement from a warm-up memory trace) is not "
-                "implemented in megalith-offload yet; use placement_policy='static' with "
-                "offload_optim_frac (0.0 to 1.0) to put that fraction of optimizer states on the host"
+        if not 0.0 < steady_cuda_cap_ratio <= 1.0:
+            raise ValueError(
+                f"GeminiPlugin: steady_cuda_cap_ratio={steady_cuda_cap_ratio}; the fraction of "
+                "the device's memory auto placement may fill, in (0, 1]"
             )
         if offload_param_frac:
             raise NotImplementedError(
@@ -247,5 +252,15 @@ class GeminiPlugin(_ZeroPlugin):
             None,
             True,
         )
-        if offload_optim_frac:
+        if placement_policy == "auto":
+            if offload_optim_frac:
+                raise ValueError(
+                    f"GeminiPlugin: offload_optim_frac={offload_optim_frac} with "
+                    "placement_policy='auto'; auto placement decides the fraction itself "
+                    "(leave offload_optim_frac at 0.0, or use placement_policy='static')"
+                )
+            self.set_offload(
+                tier="host", optim_frac=1.0, placement="auto", headroom=1.0 - steady_cuda_cap_ratio
+            )
+        elif offload_optim_frac:
             self.set_offload(tier="host", optim_frac=offload_optim_frac)
