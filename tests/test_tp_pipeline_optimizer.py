@@ -29,6 +29,9 @@ WORLD4 = [
         Layout(tp=2, zero_stage=1), Layout(pp=2, style="interleaved", chunks=2), family="llama"
     ),
     ResumeCase(Layout(tp=2, pp=2, style="interleaved", chunks=2), TP2, family="llama"),
+    # ZeRO-2 under a pipeline (pp 2 x dp 2), to and from another layout
+    ResumeCase(Layout(pp=2, zero_stage=2), Layout(tp=2, zero_stage=2), family="llama"),
+    ResumeCase(Layout(tp=2, zero_stage=1), Layout(pp=2, zero_stage=2, style="zbv")),
 ]
 
 

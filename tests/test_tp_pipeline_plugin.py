@@ -1,6 +1,6 @@
 """HybridParallelPlugin with pp_size > 1 (Booster.execute_pipeline) trains transformers'
 GPT-2 and Llama as the whole model in one process does: pp 2 under 1F1B, interleaved and
-ZB-V, tp 2 x pp 2 with and without sequence parallelism, pp 2 x dp 2 with ZeRO-1, clipping across stages, bf16; model files saved under tp 2 x pp 2 hold the whole model
+ZB-V, tp 2 x pp 2 with and without sequence parallelism, pp 2 x dp 2 with ZeRO-1 and ZeRO-2, clipping across stages, bf16; model files saved under tp 2 x pp 2 hold the whole model
 and load under pp 2 x dp 2; bad pipeline
 settings fail at construction."""
 
@@ -27,6 +27,11 @@ WORLD4 = [
     PipePluginCase(family="llama", zero_stage=1, style="interleaved", chunks=2),
     PipePluginCase(family="llama", tp=2, precision="bf16"),
     PipePluginCase(family="llama", zero_stage=1, precision="bf16"),
+    # ZeRO-2 under a pipeline: one reduce-scatter per step, after the last micro-batch
+    PipePluginCase(family="llama", zero_stage=2, microbatches=4),
+    PipePluginCase(family="llama", zero_stage=2, style="interleaved", chunks=2, max_norm=0.05),
+    PipePluginCase(style="zbv", zero_stage=2, microbatches=4, checkpoint=True),
+    PipePluginCase(family="llama", tp=2, zero_stage=2, style="zbv", microbatches=4),
 ]
 
 

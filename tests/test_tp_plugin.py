@@ -35,7 +35,6 @@ def test_hybrid_plugin_matches_unsharded():
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
-        (dict(tp_size=2, pp_size=2, num_microbatches=2, zero_stage=2), "pp_size=2"),
         (dict(tp_size=2, zero_stage=3), "zero_stage=3"),
         (
             dict(

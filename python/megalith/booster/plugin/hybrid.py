@@ -2,7 +2,8 @@
 
 ColossalAI's argument names where they mean the same. What runs today: tp_size
 any divisor of the world size, pp_size >= 1 (pp_style "1f1b", "interleaved",
-"zbv"; hybrid_pipeline.py), zero_stage 0, 1 or 2 (0 or 1 under a pipeline),
+"zbv"; hybrid_pipeline.py), zero_stage 0, 1 or 2 (under a pipeline too: ZeRO-2 reduce-scatters once
+per step, after the last micro-batch),
 precision fp32, bf16 or fp16, enable_sequence_parallelism with sequence_parallelism_mode="split_gather"
 (over the tp group) or "all_to_all" (Ulysses, tp_size=1 and sp_size >= 2,
 megalith.models only), custom_policy, gradient_checkpoint_config (checkpointing.py:
@@ -282,11 +283,6 @@ class HybridParallelPlugin(Plugin):
             pp_size, pp_style, num_model_chunks, num_microbatches, microbatch_size
         )
         self.pp_size = pp_size
-        if pp_size > 1 and zero_stage not in (0, 1):
-            raise ValueError(
-                f"HybridParallelPlugin: zero_stage={zero_stage} with pp_size={pp_size}; 0 or 1 "
-                "under a pipeline (stage 2 would reduce-scatter in every micro-batch's backward)"
-            )
         if pp_size > 1 and sequence_parallelism_mode == "all_to_all":
             raise NotImplementedError(
                 "HybridParallelPlugin: all_to_all sequence parallelism with pp_size > 1 is not "
@@ -491,13 +487,16 @@ class HybridParallelPlugin(Plugin):
             if optimizer:
                 opt = PipelineOptimizer(optimizer, wrapped, self.max_norm, self._scaler())
             return wrapped, opt, criterion, dataloader, lr_scheduler
-        zero = require("megalith_zero", "megalith-zero", "HybridParallelPlugin(zero_stage=1)")
+        what = f"HybridParallelPlugin(zero_stage={self.zero_stage})"
+        zero = require("megalith_zero", "megalith-zero", what)
         from .zero import ZeroOptimizerWrapper
 
         if optimizer is None:
-            raise ValueError("HybridParallelPlugin(zero_stage=1): boost() needs the optimizer")
+            raise ValueError(f"{what}: boost() needs the optimizer")
         # bf16 and fp16 come from autocast here (fp32 parameters and masters)
-        config = zero.ZeroConfig(stage=1, precision="fp32", offload=self._offload())
+        # Stage 2 reduce-scatters once per step: every micro-batch but the last runs
+        # under ZeRO's no_sync, which accumulates the full gradients locally.
+        config = zero.ZeroConfig(stage=self.zero_stage, precision="fp32", offload=self._offload())
         config = dataclasses.replace(
             config,
             loss_scale=zero.LossScaleConfig(**self._loss_scale),
