@@ -25,6 +25,8 @@ CASES = [
     DropoutCase(),
     PluginCase(tp=1, sp=True, sp_size=2),  # all_to_all: dp 2 x sp 2
     PluginCase(family="gpt2", tp=1, sp=True, sp_size=2, zero_stage=1),
+    PluginCase(tp=2, sp=True, sp_size=2),  # all_to_all beside tp: sp 2 x tp 2
+    PluginCase(family="gpt2", tp=2, sp=True, sp_size=2, zero_stage=1, max_norm=0.05),
 ]
 
 
@@ -40,7 +42,7 @@ def test_hybrid_plugin_matches_unsharded():
             dict(
                 tp_size=2, enable_sequence_parallelism=True, sequence_parallelism_mode="all_to_all"
             ),
-            "all_to_all",
+            "sp_size >= 2",
         ),
         (dict(tp_size=0), "tp_size"),
     ],
@@ -48,3 +50,14 @@ def test_hybrid_plugin_matches_unsharded():
 def test_unsupported_settings_name_themselves(kwargs, needle):
     with pytest.raises((ValueError, NotImplementedError), match=needle):
         HybridParallelPlugin(**kwargs)
+
+
+def test_ulysses_heads_must_divide_by_sp_times_tp():
+    from megalith import models
+    from megalith.tensor_parallel.ulysses import validate_ulysses
+
+    model = models.create("llama-tiny", device="meta")
+    heads = model.config.n_heads
+    validate_ulysses(model, 2, heads // 2)  # sp x tp = heads: fits
+    with pytest.raises(ValueError, match=f"sp_size 2 x tp_size {heads} = {2 * heads} does not"):
+        validate_ulysses(model, 2, heads)

@@ -10,6 +10,11 @@ and head run on the whole sequence (split before the first block, gathered after
 the last), as in the Megatron-style mode.
 
     apply_ulysses(model, sp_group)   # in place; heads must divide by sp
+
+Beside tensor parallelism (a model already sharded by its policy over a tp group of a
+Mesh(dp, sp, tp)), each rank's attention holds heads / tp heads, and the exchange
+splits those over sp: heads must divide by tp x sp. The tp collectives of the
+projections run on sequence shards, unchanged.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ import megalith_comm as comm
 from megalith_comm import ProcessGroup
 
 from .sequence import reduce_partial_grads, sequence_parallel_span
-from .shards import check_divisible
 
 
 def _all_to_all(x: torch.Tensor, scatter: int, gather: int, group: ProcessGroup) -> torch.Tensor:
@@ -77,13 +81,18 @@ class UlyssesGPTAttention(nn.Module):
     def __init__(self, attn: nn.Module, group: ProcessGroup) -> None:
         super().__init__()
         self.c_attn, self.c_proj, self.resid_dropout = attn.c_attn, attn.c_proj, attn.resid_dropout
-        self.n_heads, self.dropout, self.group = attn.n_heads, attn.dropout, group
+        # megalith's GPT attention, or its tensor-parallel form (this rank's heads)
+        self.n_heads = getattr(attn, "n_local_heads", None) or attn.n_heads
+        self.width = getattr(attn, "local_width", None)
+        self.dropout, self.group = attn.dropout, group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, d = x.shape
-        q, k, v = (t.view(batch, seq, self.n_heads, -1) for t in self.c_attn(x).split(d, -1))
+        width = self.width or d
+        qkv = self.c_attn(x).split(width, -1)
+        q, k, v = (t.view(batch, seq, self.n_heads, -1) for t in qkv)
         y = _attend(q, k, v, self.group, self.dropout if self.training else 0.0)
-        return self.resid_dropout(self.c_proj(y.reshape(batch, seq, d)))
+        return self.resid_dropout(self.c_proj(y.reshape(batch, seq, width)))
 
 
 class UlyssesLlamaAttention(nn.Module):
@@ -116,8 +125,20 @@ class UlyssesLlamaAttention(nn.Module):
         return self.o_proj(y.reshape(batch, seq, -1))
 
 
-def validate_ulysses(model: nn.Module, sp: int) -> None:
-    """ValueError with the numbers unless apply_ulysses can split this model over sp ranks."""
+def _with_hooks_of(old: nn.Module, new: nn.Module) -> nn.Module:
+    """`new` with `old`'s forward hooks: a tensor-parallel policy enters its region
+    (tp's copy / gather of the input) in a pre-hook on the attention module."""
+    for name in (
+        "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+        "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+    ):  # fmt: skip
+        getattr(new, name).update(getattr(old, name))
+    return new
+
+
+def validate_ulysses(model: nn.Module, sp: int, tp: int = 1) -> None:
+    """ValueError with the numbers unless apply_ulysses can split this model over sp ranks
+    (beside tp-way tensor parallelism)."""
     from megalith.models import GPTLMHeadModel, LlamaForCausalLM
 
     if not isinstance(model, (GPTLMHeadModel, LlamaForCausalLM)):
@@ -125,21 +146,29 @@ def validate_ulysses(model: nn.Module, sp: int) -> None:
             f"all-to-all sequence parallelism supports megalith.models GPTLMHeadModel and "
             f"LlamaForCausalLM for now, not {type(model).__name__}"
         )
-    check_divisible("the number of attention heads (all-to-all sequence parallelism)",
-                    model.config.n_heads, sp)  # fmt: skip
+    heads = model.config.n_heads
+    if heads % (sp * tp):
+        raise ValueError(
+            f"all-to-all sequence parallelism: sp_size {sp} x tp_size {tp} = {sp * tp} does not "
+            f"divide the number of attention heads ({heads}): choose sizes whose product "
+            f"divides {heads}"
+        )
 
 
 def apply_ulysses(model: nn.Module, group: ProcessGroup) -> nn.Module:
     """All-to-all sequence parallelism over group for a megalith.models GPT or Llama, in place."""
     from megalith.models import GPTLMHeadModel
 
-    validate_ulysses(model, group.size)
+    tp_info = getattr(model, "tp_info", None)
+    validate_ulysses(model, group.size, tp_info.group.size if tp_info is not None else 1)
     gpt = isinstance(model, GPTLMHeadModel)
     for block in model.blocks:
         if gpt:
-            block.attn = UlyssesGPTAttention(block.attn, group)
+            block.attn = _with_hooks_of(block.attn, UlyssesGPTAttention(block.attn, group))
         else:
-            block.self_attn = UlyssesLlamaAttention(block.self_attn, group)
+            block.self_attn = _with_hooks_of(
+                block.self_attn, UlyssesLlamaAttention(block.self_attn, group)
+            )
     sequence_parallel_span(model.blocks[0], model.blocks[-1], group)
     reduce_partial_grads([p for b in model.blocks for p in b.parameters()], group)
     return model

@@ -2,11 +2,11 @@
 
 ColossalAI's argument names where they mean the same. What runs today: tp_size
 any divisor of the world size, pp_size >= 1 (pp_style "1f1b", "interleaved",
-"zbv"; hybrid_pipeline.py), zero_stage 0, 1 or 2 (under a pipeline too: ZeRO-2 reduce-scatters once
-per step, after the last micro-batch),
-precision fp32, bf16 or fp16, enable_sequence_parallelism with sequence_parallelism_mode="split_gather"
-(over the tp group) or "all_to_all" (Ulysses, tp_size=1 and sp_size >= 2,
-megalith.models only), custom_policy, gradient_checkpoint_config (checkpointing.py:
+"zbv"; hybrid_pipeline.py), zero_stage 0, 1 or 2 (under a pipeline too: ZeRO-2
+reduce-scatters once per step, after the last micro-batch), precision fp32, bf16
+or fp16, enable_sequence_parallelism with sequence_parallelism_mode="split_gather"
+(over the tp group) or "all_to_all" (Ulysses over an sp axis of its own, sp_size
+>= 2, beside any tp_size; megalith.models only), custom_policy, gradient_checkpoint_config (checkpointing.py:
 True, a ratio, or ColossalAI's GradientCheckpointConfig(gradient_checkpointing_ratio)),
 cpu_offload (with zero_stage 1 or 2: fp32 masters and optimizer states in host memory,
 stepped there by the engine's CPU kernel). Other values fail at construction with
@@ -303,10 +303,10 @@ class HybridParallelPlugin(Plugin):
             )
         self.sp_size = 1
         if mode == "all_to_all":
-            if tp_size != 1 or not sp_size or sp_size < 2:
-                raise NotImplementedError(
-                    f"HybridParallelPlugin: all_to_all with tp_size={tp_size}, sp_size={sp_size}; "
-                    "built: tp_size=1 with sp_size >= 2 (all_to_all beside tp is not built yet)"
+            if not sp_size or sp_size < 2:
+                raise ValueError(
+                    f"HybridParallelPlugin: all_to_all with sp_size={sp_size}; give the sequence "
+                    "axis's size, sp_size >= 2 (it runs beside tp_size: world = dp x sp x tp)"
                 )
             self.sp_size = sp_size
         elif sp_size not in (None, 1) and sp_size != tp_size:
@@ -400,7 +400,7 @@ class HybridParallelPlugin(Plugin):
             policy = self.custom_policy or policy_for(model)
             policy.validate(model, self.tp_size)  # before the mesh's collectives
         if self.sp_mode == "all_to_all":
-            validate_ulysses(model, self.sp_size)
+            validate_ulysses(model, self.sp_size, self.tp_size)
         if optimizer is not None and any(optimizer.state.values()):
             raise ValueError(
                 "HybridParallelPlugin: boost() wants an optimizer that has not stepped"
