@@ -1,0 +1,163 @@
+"""Issue 8, runs 2 and 5: ZeRO-2 and ZeRO-3 training of a Llama-style model in bf16 on
+every GPU of the host, beside torch FSDP2 (fully_shard per block and at the root, bf16
+parameters and fp32 gradient reduction) on the same model, batch and data; and the same
+model tensor-parallel over every GPU (HybridParallelPlugin, with and without sequence
+parallelism; the group trains one batch of --batch sequences, whose tokens per second
+are divided by the GPUs, so every mode reports tokens/s per GPU). One mode per process:
+
+    torchrun --nproc_per_node 2 benchmarks/multi_gpu/zero_vs_fsdp2.py --mode zero2 \
+        --model llama-7b --batch 4 --seq 2048 --ckpt --out $OUT/zero2.json
+
+Prints and writes one JSON line: tokens/s per GPU, MFU (megalith.models.counting, against
+989 TFLOP/s dense bf16 per H200 unless --peak says otherwise), the step time, the peak
+device memory (the device's own count: torch's and the engine's allocators) and the
+losses, which must fall and agree between modes. On CPU ranks (Gloo) it runs as a smoke
+test of the script (--model llama-tiny).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+import megalith_comm as comm
+from megalith import models
+from megalith.models.counting import mfu
+
+
+def build_step(mode: str, model: torch.nn.Module, lr: float):
+    if mode in ("zero2", "zero3"):
+        import megalith_zero as zero
+
+        net, opt = zero.shard(
+            model,
+            torch.optim.AdamW(model.parameters(), lr=lr),
+            zero.ZeroConfig(stage=int(mode[-1]), precision="bf16"),
+        )
+
+        def step(ids):
+            loss = net(ids, labels=ids)[0]
+            opt.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        return step
+    if mode == "fsdp2":
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        # megalith_comm.init() set up torch.distributed with Gloo; FSDP2 on GPUs gets a
+        # group of torch's NCCL over the same ranks
+        cuda = next(model.parameters()).is_cuda
+        group = dist.new_group(backend="nccl") if cuda else dist.group.WORLD
+        mesh = DeviceMesh.from_group(group, "cuda" if cuda else "cpu")
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=torch.cuda.is_available())
+
+        def step(ids):
+            loss = model(ids, labels=ids)[0]
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        return step
+    if mode in ("tp", "tp-sp"):  # tensor parallel over every GPU (issue 8, run 5)
+        from megalith.booster import Booster
+        from megalith.booster.plugin import HybridParallelPlugin
+
+        world = comm.get_world().world_size
+        plugin = HybridParallelPlugin(
+            tp_size=world, precision="bf16", enable_sequence_parallelism=mode == "tp-sp"
+        )
+        booster = Booster(plugin=plugin)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=torch.cuda.is_available())
+        net, opt, *_ = booster.boost(model, opt)
+
+        def step(ids):
+            loss = net(ids, labels=ids)[0]
+            booster.backward(loss, opt)
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        return step
+    raise ValueError(f"--mode {mode!r}: expected zero2, zero3, fsdp2, tp or tp-sp")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", required=True)
+    ap.add_argument("--model", default="llama-7b")
+    ap.add_argument("--batch", type=int, default=4, help="sequences per GPU per step")
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--ckpt", action="store_true", help="activation checkpointing")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--peak", type=float, default=989e12, help="peak FLOP/s per device")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    comm.init()
+    world = comm.get_world()
+    dev = world.device
+    cuda = dev.type == "cuda"
+    model = models.create(
+        a.model, device=dev, seed=0, activation_checkpointing=a.ckpt, max_seq_len=max(a.seq, 8)
+    )
+    step = build_step(a.mode, model, a.lr)
+    # each rank its own data; under tp every rank of the group the same
+    same = a.mode.startswith("tp")
+    g = torch.Generator(device=dev).manual_seed(1000 + (0 if same else world.rank))
+    vocab = model.config.vocab_size
+    batches = [torch.randint(0, vocab, (a.batch, a.seq), device=dev, generator=g) for _ in range(2)]
+    losses = []
+    for i in range(a.warmup):
+        losses.append(float(step(batches[i % 2]).detach()))
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    comm.barrier()
+    t0 = time.perf_counter()
+    for i in range(a.steps):
+        losses.append(float(step(batches[i % 2]).detach()))
+    if cuda:
+        torch.cuda.synchronize()
+    comm.barrier()
+    dt = (time.perf_counter() - t0) / a.steps
+    # under tp the whole group trains one batch: its tokens are shared by the GPUs
+    tps = a.batch * a.seq / dt / (world.world_size if same else 1)
+    free, total = torch.cuda.mem_get_info() if cuda else (0, 0)
+    row = {
+        "mode": a.mode,
+        "model": a.model,
+        "world": world.world_size,
+        "batch_per_gpu": a.batch,
+        "seq": a.seq,
+        "ckpt": a.ckpt,
+        "tokens_per_s_per_gpu": round(tps, 1),
+        "mfu": round(mfu(tps, model.config, a.peak, a.seq), 4),
+        "step_s": round(dt, 4),
+        "torch_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else 0.0,
+        "device_used_gib": round((total - free) / 2**30, 2),
+        "losses": [round(x, 4) for x in losses],
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    if world.rank == 0:
+        print(json.dumps(row), flush=True)
+        if a.out:
+            with open(a.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
