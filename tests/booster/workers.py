@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-import megalith_comm as comm
 from megalith.booster import Booster, TorchDDPPlugin
 
 from ..zero import toy
+from .toy_loop import train_toy
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,6 @@ class Run:
 
 def train(rank: int, run: Run):
     """The toy model under a Booster plugin; rank 0 returns the per-step losses."""
-    n = comm.get_world().world_size
     model = toy.make_model(5)
     opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
@@ -32,30 +31,7 @@ def train(rank: int, run: Run):
     plugin = TorchDDPPlugin(find_unused_parameters=True) if run.plugin == "ddp" else run.plugin
     booster = Booster(plugin=plugin, mixed_precision=run.precision)
     model, opt, _, _, sched = booster.boost(model, opt, lr_scheduler=sched)
-    first = 0
-    if run.resume:
-        booster.load_model(model, f"{run.resume}/model")
-        booster.load_optimizer(opt, f"{run.resume}/optim")
-        booster.load_lr_scheduler(sched, f"{run.resume}/sched.json")
-        first = run.save_at
-    rows = toy.BATCH // n
-    losses = []
-    for step, micro in enumerate(toy.batches(5, run.steps, 1)[first:], start=first + 1):
-        x, y = micro[0]
-        loss = toy.loss_fn(
-            model, x[rank * rows : (rank + 1) * rows], y[rank * rows : (rank + 1) * rows]
-        )
-        booster.backward(loss, opt)
-        opt.step()
-        opt.zero_grad()
-        sched.step()
-        t = loss.detach().double()
-        comm.all_reduce(t, op="avg")
-        losses.append(float(t))
-        if step == run.save_at and run.save_dir:
-            booster.save_model(model, f"{run.save_dir}/model", shard=True, size_per_shard=1)
-            booster.save_optimizer(opt, f"{run.save_dir}/optim", shard=True, size_per_shard=1)
-            booster.save_lr_scheduler(sched, f"{run.save_dir}/sched.json")
+    losses = train_toy(rank, booster, model, opt, run, sched)
     return losses if rank == 0 else None
 
 

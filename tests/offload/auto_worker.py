@@ -11,6 +11,7 @@ import megalith_comm as comm
 import megalith_zero as zero
 from megalith_offload import OffloadConfig
 
+from ..booster.toy_loop import train_toy
 from ..zero import toy
 
 #: the device-tier kinds of the engine's accounting (CPU ranks: gathered is engine-tallied)
@@ -148,7 +149,6 @@ def boosted(rank: int, run: Boosted):
     """Rank 0 returns (per-step losses, tiers of the trainable chunks at the end)."""
     from megalith.booster import Booster, GeminiPlugin
 
-    n = comm.get_world().world_size
     model = toy.make_model(5)
     opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
     plugin = GeminiPlugin(precision="fp32")
@@ -156,27 +156,8 @@ def boosted(rank: int, run: Boosted):
         plugin.set_offload(tier="host", placement="auto", device_budget_bytes=run.budget)
     booster = Booster(plugin=plugin)
     model, opt, *_ = booster.boost(model, opt)
-    first = 0
-    if run.resume:  # loaded before the warm-up: into the offload tier, moved after it
-        booster.load_model(model, f"{run.resume}/model")
-        booster.load_optimizer(opt, f"{run.resume}/optim")
-        first = run.save_at
-    rows = toy.BATCH // n
-    losses = []
-    for step, micro in enumerate(toy.batches(5, run.steps, 1)[first:], start=first + 1):
-        x, y = micro[0]
-        loss = toy.loss_fn(
-            model, x[rank * rows : (rank + 1) * rows], y[rank * rows : (rank + 1) * rows]
-        )
-        booster.backward(loss, opt)
-        opt.step()
-        opt.zero_grad()
-        t = loss.detach().double()
-        comm.all_reduce(t, op="avg")
-        losses.append(float(t))
-        if step == run.save_at and run.save_dir:
-            booster.save_model(model, f"{run.save_dir}/model", shard=True, size_per_shard=1)
-            booster.save_optimizer(opt, f"{run.save_dir}/optim", shard=True, size_per_shard=1)
+    # a resume loads before the warm-up: into the offload tier, moved after it
+    losses = train_toy(rank, booster, model, opt, run)
     tiers = [c.tier for c in opt.optim.chunks if c.trainable]
     opt.optim.close()
     return (losses, tiers) if rank == 0 else None
