@@ -61,3 +61,13 @@ def test_ulysses_heads_must_divide_by_sp_times_tp():
     validate_ulysses(model, 2, heads // 2)  # sp x tp = heads: fits
     with pytest.raises(ValueError, match=f"sp_size 2 x tp_size {heads} = {2 * heads} does not"):
         validate_ulysses(model, 2, heads)
+
+
+def test_colossalai_speed_switches_are_accepted():
+    plugin = HybridParallelPlugin(
+        tp_size=2, enable_flash_attention=True, enable_fused_normalization=True,
+        overlap_communication=True, enable_metadata_cache=True,
+    )  # fmt: skip
+    assert plugin.tp_size == 2
+    with pytest.raises(NotImplementedError, match="parallel_output"):
+        HybridParallelPlugin(tp_size=2, parallel_output=False)

@@ -69,6 +69,18 @@ from .base import Plugin, check_precision, require, world
 from .checkpointing import apply_checkpointing, checkpoint_config
 from .hybrid_pipeline import PipelineModel, PipelineSettings
 
+# ColossalAI's switches that only choose faster kernels or overlap; megalith does each
+# where it can without being asked (SDPA picks flash attention, collectives overlap
+# backward, p2p shapes are cached), so scripts that pass them run unchanged.
+SPEED_HINTS = frozenset(
+    {
+        "enable_fused_normalization", "enable_flash_attention", "enable_jit_fused",
+        "enable_sequence_overlap", "overlap_communication", "overlap_p2p",
+        "overlap_allgather", "enable_metadata_cache", "zero_bucket_size_in_m",
+        "ddp_bucket_cap_mb",
+    }
+)  # fmt: skip
+
 _DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -322,9 +334,11 @@ class HybridParallelPlugin(Plugin):
             )
         self.cpu_offload = cpu_offload
         self.checkpointing = checkpoint_config(gradient_checkpoint_config)
+        unsupported = {k: v for k, v in unsupported.items() if k not in SPEED_HINTS}
         if unsupported:
             raise NotImplementedError(
-                f"HybridParallelPlugin: {sorted(unsupported)} not supported yet"
+                f"HybridParallelPlugin: {sorted(unsupported)} not supported yet (accepted "
+                f"and already in effect: {', '.join(sorted(SPEED_HINTS))})"
             )
         self.tp_size, self.zero_stage = tp_size, zero_stage
         self.sequence_parallel = mode == "split_gather"
