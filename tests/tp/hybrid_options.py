@@ -8,6 +8,7 @@ steps decided by summation-order noise, and no two layouts agree on them."""
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import dataclass
 
@@ -105,7 +106,7 @@ class OptionsCase:
             opt.step()
             opt.zero_grad()
         ran = sorted((k, v) for k, v in counts.items() if v)
-        k = -(-int(self.ratio * 1000) * self.layers // 1000) if self.ratio else 0
+        k = math.ceil(self.ratio * self.layers)  # checkpointed layers, as the plugin counts
         calls = self.steps * (2 if self.pp > 1 else 1)  # a pipeline runs 2 micro-batches a step
         want_runs = [2 * calls if i < k else calls for i in range(self.layers)]
         got = {int(next(p for p in name.split(".") if p.isdigit())): v for name, v in ran}
