@@ -8,11 +8,14 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 log() { echo "=== $* ($(date +%T))"; }
 build() {
+  # a warm machine keeps what an earlier call installed: build once per machine
+  if [ -z "${REBUILD:-}" ] && [ -e /tmp/megalith_built ]; then log "build (kept from an earlier call)"; else
   log build
   local pkgs=() p
   for p in "$@"; do pkgs+=("./packages/$p"); done
   MEGALITH_CUDA=ON python3 -m pip install --no-build-isolation --no-deps -q . "${pkgs[@]}" \
     > "$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
+  touch /tmp/megalith_built; fi
   MEGALITH_NCCL_PATH=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "nccl", "lib"))')
   export MEGALITH_NCCL_PATH
 }
