@@ -27,6 +27,10 @@ class StreamWork:
     def wait(self) -> None:
         self._work.wait(stream=torch.cuda.current_stream(self._device).cuda_stream)
 
+    def synchronize(self) -> None:
+        """Blocks the host until the operation finished (not the caller's stream)."""
+        self._work.synchronize()
+
     def is_completed(self) -> bool:
         return bool(self._work.is_completed())
 

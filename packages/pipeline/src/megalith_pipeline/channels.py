@@ -22,6 +22,14 @@ than the peer sends them. So a rank always receives from a peer in the peer's
 send order, known from the schedule: asked for a message, it first receives (and
 keeps) whatever that peer sent before it. This never waits longer than the
 message asked for would: the peer sent those first. One path for Gloo and NCCL.
+
+[Note: early receives] As soon as a message from a peer is taken, the next one that
+peer will send is posted (megalith_comm's recv(async_op=True)): with the structure
+cached, its buffers are posted too, so the data moves while this rank computes and
+the pass that needs it finds it there. A gradient is posted early only once this
+rank sent the activation it answers, since only then is it known to come at all
+(an activation with nothing requiring grad gets none back). On CUDA the links to
+every peer are made together at the first step (megalith_comm.p2p.connect).
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ class Channels:
         self._early: dict[tuple[int, int], list[torch.Tensor]] = {}  # received ahead of need
         self._incoming: dict[int, list[tuple[int, int]]] = {}  # pp rank -> its (tag, mb) to us
         self._next: dict[int, int] = {}  # pp rank -> index of its next message to receive
+        self._posted: dict[int, tuple[tuple[int, int], comm.Handle]] = {}  # early receives
+        self._connected: torch.device | None = None  # the device whose CUDA links exist
         self._no_grads: set[tuple[int, int]] = set()  # (tag, mb) of gradients that never come
         self._pending: list[comm.Handle] = []
         self.recv_wait_s = 0.0  # time spent blocked in receives this step
@@ -65,13 +75,28 @@ class Channels:
 
     def begin(self, train: bool) -> None:
         """Starts a step: what each peer will send this rank, in its order (forward-only
-        steps send no gradients)."""
-        kinds = (FORWARD, BACKWARD, INPUT_GRAD) if train else (FORWARD,)
+        steps send no gradients), with the first message of each posted early."""
+        messages = self._messages(train)
+        self._connect(messages)
         self._incoming = {}
+        for sender, receiver, tag, mb in messages:
+            if receiver == self.rank:
+                self._incoming.setdefault(sender, []).append((tag, mb))
+        self._next = dict.fromkeys(self._incoming, 0)
+        self._posted.clear()
+        self._early.clear()
+        self._no_grads.clear()
+        self.recv_wait_s = 0.0
+        self.sent, self.received = {}, {}
+        for src in self._incoming:
+            self._post_next(src)
+
+    def _messages(self, train: bool) -> list[tuple[int, int, int, int]]:
+        """Every message between different ranks in a step, (sender pp rank, receiver pp
+        rank, tag, mb), each sender's in its send order."""
+        kinds = (FORWARD, BACKWARD, INPUT_GRAD) if train else (FORWARD,)
+        out = []
         for r, order in enumerate(self.schedule.orders):
-            if r == self.rank:
-                continue
-            seq = []
             for a in order:
                 if a.kind not in kinds:
                     continue
@@ -79,15 +104,19 @@ class Channels:
                     to, tag = a.stage + 1, 2 * a.stage
                 else:
                     to, tag = a.stage - 1, 2 * (a.stage - 1) + 1
-                if 0 <= to < self.schedule.num_stages and self.schedule.rank_of(to) == self.rank:
-                    seq.append((tag, a.mb))
-            if seq:
-                self._incoming[r] = seq
-        self._next = dict.fromkeys(self._incoming, 0)
-        self._early.clear()
-        self._no_grads.clear()
-        self.recv_wait_s = 0.0
-        self.sent, self.received = {}, {}
+                if 0 <= to < self.schedule.num_stages and self.schedule.rank_of(to) != r:
+                    out.append((r, self.schedule.rank_of(to), tag, a.mb))
+        return out
+
+    def _connect(self, messages: list[tuple[int, int, int, int]]) -> None:
+        """On CUDA, makes the links of every pair of ranks that talk, in one order on all
+        ranks (megalith_comm.p2p.connect), once per device."""
+        if self.device.type != "cuda" or self._connected == self.device:
+            return
+        g = self.group
+        pairs = {(g.global_rank(s), g.global_rank(r)) for s, r, _, _ in messages}
+        comm.p2p.connect(pairs, group=g, device=self.device)
+        self._connected = self.device
 
     def _peer(self, stage: int) -> int | None:
         """The global rank holding `stage`, or None when it is this rank."""
@@ -101,6 +130,8 @@ class Channels:
             return
         self.sent[(tag, mb)] = time.perf_counter()
         self._pending.append(comm.send(message, dst=peer, group=self.group, tag=tag, async_op=True))
+        if tag % 2 == 0:  # its gradient, if it needs one, can now be posted early
+            self._post_next(self.schedule.rank_of(stage_to))
         done = [h for h in self._pending if h.is_completed()]
         for h in done:  # surfaces a failed send now, and lets its tensors go
             h.wait()
@@ -111,19 +142,40 @@ class Channels:
         if peer is None:
             return self._local.pop((tag, mb))
         src = self.schedule.rank_of(stage_from)
-        seq = self._incoming[src]
         while (tag, mb) not in self._early:  # see [Note: receive in the sender's order]
-            key = seq[self._next[src]]
-            self._next[src] += 1
-            if key in self._no_grads:
-                continue
+            if src not in self._posted and not self._post_next(src, now=True):
+                raise RuntimeError(
+                    f"pipeline: pp rank {self.rank} waits for (tag {tag}, micro-batch {mb}) "
+                    f"from pp rank {src}, which sends nothing more this step"
+                )
+            key, handle = self._posted.pop(src)
             start = time.perf_counter()
-            message = comm.recv(src=peer, group=self.group, tag=key[0], device=self.device)
+            message = handle.wait()
             end = time.perf_counter()
             self.recv_wait_s += end - start
             self.received[key] = (start, end)
             self._early[key] = list(message)
+            self._post_next(src)  # see [Note: early receives]
         return self._early.pop((tag, mb))
+
+    def _post_next(self, src: int, now: bool = False) -> bool:
+        """Posts the receive of src's next message, unless one is posted already or (when
+        not `now`) it is a gradient this rank cannot yet know will come. True if posted."""
+        if src in self._posted:
+            return False
+        seq = self._incoming.get(src, [])
+        while self._next.get(src, 0) < len(seq) and seq[self._next[src]] in self._no_grads:
+            self._next[src] += 1
+        if self._next.get(src, 0) >= len(seq):
+            return False
+        tag, mb = key = seq[self._next[src]]
+        if not now and tag % 2 == 1 and (tag - 1, mb) not in self.sent:
+            return False
+        self._next[src] += 1
+        peer = self.group.global_rank(src)
+        handle = comm.recv(src=peer, group=self.group, tag=tag, device=self.device, async_op=True)
+        self._posted[src] = (key, handle)
+        return True
 
     # -- activations ----------------------------------------------------------
     def send_activation(self, stage: int, mb: int, obj: Any) -> list[torch.Tensor]:
@@ -157,9 +209,13 @@ class Channels:
         return self._recv(stage + 1, 2 * stage + 1, mb)
 
     def wait(self) -> None:
-        """Finishes every send still in flight."""
+        """Finishes every send still in flight (and any receive posted early but not
+        needed, which keeps both ends' shape caches in step)."""
         pending, self._pending = self._pending, []
         for h in pending:
+            h.wait()
+        posted, self._posted = list(self._posted.values()), {}
+        for _, h in posted:
             h.wait()
         self._local.clear()
         self._early.clear()

@@ -16,7 +16,6 @@ pipeline stage s ...").
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +26,7 @@ from torch import nn
 from .backward_split import WeightPass, input_pass
 from .channels import Channels
 from .schedule import BACKWARD, FORWARD, INPUT_GRAD, WEIGHT_GRAD, Action, Schedule
-from .stats import StepStats
+from .stats import StepStats, clock_for
 
 
 class PipelineStageError(RuntimeError):
@@ -99,7 +98,8 @@ class Executor:
         self._live: dict[tuple[int, int], _Live] = {}
         self._loss: torch.Tensor | None = None
         results: dict[int, Any] = {}
-        stats = StepStats(start=time.perf_counter())
+        self._clock = clock_for(self.channels.device)  # GPU time on CUDA (stats.py)
+        stats = StepStats(start=self._clock.start())
         self.channels.begin(train)
         with torch.set_grad_enabled(train):
             for i, a in enumerate(order):
@@ -119,28 +119,29 @@ class Executor:
                     if a.stage == self.last:
                         results[a.mb] = live.result
         self.channels.wait()
-        stats.end = time.perf_counter()
+        self._clock.finish(stats)
         stats.recv_wait_s = self.channels.recv_wait_s
         stats.sent, stats.received = self.channels.sent, self.channels.received
         self._live.clear()
         return self._loss, [results[mb] for mb in sorted(results)], stats
 
-    def _pass(self, a: Action) -> tuple[float, float]:
-        """Runs one pass; returns when its compute started and ended (receives excluded)."""
+    def _pass(self, a: Action) -> tuple[Any, Any]:
+        """Runs one pass; returns when its compute started and ended (receives excluded),
+        as the step's clock marks them (stats.py)."""
         if a.kind == FORWARD:
             return self._forward(a)
         live = self._live[(a.stage, a.mb)]
         if a.kind == WEIGHT_GRAD:
-            t0 = time.perf_counter()
+            t0 = self._clock.now()
             with self._stage_errors(a, "the weight-gradient pass"):
                 live.weight_pass.run()
             del self._live[(a.stage, a.mb)]
-            return t0, time.perf_counter()
+            return t0, self._clock.now()
         if a.stage == self.last:
             grads: list[torch.Tensor | None] = [None] * len(live.outputs)
         else:
             grads = self.channels.recv_grads(a.stage, a.mb, len(live.outputs))
-        t0 = time.perf_counter()
+        t0 = self._clock.now()
         if a.kind == INPUT_GRAD:
             with self._stage_errors(a, "the input-gradient pass"):
                 # looked up now: a stage materialised after the pipeline was built has new ones
@@ -157,9 +158,9 @@ class Executor:
             del self._live[(a.stage, a.mb)]
         if a.stage > 0:
             self.channels.send_grads(a.stage, a.mb, input_grads)
-        return t0, time.perf_counter()
+        return t0, self._clock.now()
 
-    def _forward(self, a: Action) -> tuple[float, float]:
+    def _forward(self, a: Action) -> tuple[Any, Any]:
         s, mb = a.stage, a.mb
         live = self._live[(s, mb)] = _Live()
         if s == 0:
@@ -170,7 +171,7 @@ class Executor:
             x = self._inputs[mb]
         else:
             x, live.inputs = self.channels.recv_activation(s, mb)
-        t0 = time.perf_counter()
+        t0 = self._clock.now()
         with self._stage_errors(a, "forward"):
             y = self.modules[s](x)
         if s < self.last:
@@ -188,4 +189,4 @@ class Executor:
             self._loss = total if self._loss is None else self._loss + total
             if not torch.is_grad_enabled():
                 live.result = loss.detach()
-        return t0, time.perf_counter()
+        return t0, self._clock.now()

@@ -1,9 +1,20 @@
-"""Timings of a pipeline step: what each rank computed when, and the bubble measured from it."""
+"""Timings of a pipeline step: what each rank computed when, and the bubble measured from it.
+
+On a GPU the host only launches the passes, so time.perf_counter() around a pass
+measures the launch. There the spans come from CUDA events on the compute stream,
+put on the host clock through one event recorded right after a synchronize at the
+step's start, and read after one synchronize at its end (CudaClock): spans,
+measured_bubble and the simulator's comparison then mean GPU time.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import torch
 
 from .simulator import PassTimes
 
@@ -33,6 +44,52 @@ class StepStats:
     @property
     def idle_fraction(self) -> float:
         return 0.0 if self.wall_s <= 0 else 1.0 - self.busy_s / self.wall_s
+
+
+class HostClock:
+    """Pass times on the host: CPU ranks, where a pass runs while it is called."""
+
+    def start(self) -> float:
+        return time.perf_counter()
+
+    def now(self) -> Any:
+        return time.perf_counter()
+
+    def finish(self, stats: StepStats) -> None:
+        stats.end = time.perf_counter()
+
+
+class CudaClock:
+    """Pass times on the GPU, as host perf_counter() times (see the module docstring)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def start(self) -> float:
+        torch.cuda.synchronize(self.device)
+        self._origin = self.now()
+        self._origin_s = time.perf_counter()
+        return self._origin_s
+
+    def now(self) -> Any:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def _host(self, event: Any) -> float:
+        return self._origin_s + self._origin.elapsed_time(event) / 1e3
+
+    def finish(self, stats: StepStats) -> None:
+        end = self.now()
+        torch.cuda.synchronize(self.device)
+        stats.spans = [
+            (k, s, mb, self._host(t0), self._host(t1)) for k, s, mb, t0, t1 in stats.spans
+        ]
+        stats.end = self._host(end)
+
+
+def clock_for(device: torch.device) -> HostClock | CudaClock:
+    return CudaClock(device) if device.type == "cuda" else HostClock()
 
 
 def measured_bubble(ranks: Sequence[StepStats]) -> float:
