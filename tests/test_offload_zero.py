@@ -1,7 +1,8 @@
 """ZeRO with optimizer states and fp32 masters offloaded (megalith_offload) against ZeRO
 without: the same engine kernel runs on the same fp32 numbers, so parameters and losses
 must be bit-equal after 20 steps, on the host tier and on the NVMe tier, at stages 2 and 3
-(and stage 1, mixed tiers and bf16 at world 2).
+(and stage 1, mixed tiers and bf16 at world 2); and with step_in_backward, where host
+chunks are updated while backward goes on.
 
 One process group per world size runs every case (run_grid); the toy model
 (tests/zero/toy.py) has odd sizes, a tied head, a Linear called twice and one never
@@ -28,6 +29,7 @@ def cases(swap: str, world: int) -> list[Case]:
         out += [
             Case(stage=stage),
             Case(stage=stage, tier="host"),
+            Case(stage=stage, tier="host", eager=True),  # updated during backward
             Case(stage=stage, tier="nvme", swap_dir=swap),
         ]
     if world == 2:
@@ -37,6 +39,9 @@ def cases(swap: str, world: int) -> list[Case]:
             Case(stage=3, tier="nvme", frac=0.5, swap_dir=swap),  # half the chunks on each tier
             Case(stage=2, precision="bf16", max_norm=0.5),
             Case(stage=2, tier="nvme", precision="bf16", max_norm=0.5, swap_dir=swap),
+            Case(stage=1, tier="host", eager=True),
+            Case(stage=2, precision="bf16"),
+            Case(stage=2, tier="host", precision="bf16", eager=True),
         ]
     return out
 

@@ -49,7 +49,10 @@ def plain_torch(model):
     return step
 
 
-def zero_stage(stage: int, offload: bool = False):
+def zero_stage(stage: int, offload: bool = False, early: bool = True):
+    """ZeRO at `stage`; offload: fp32 masters and optimizer states on the host (OPTIM_FRAC
+    of the chunks; the rest stay on the GPU), updated during backward when `early`."""
+
     def build(model):
         import megalith_zero as zero
 
@@ -57,7 +60,9 @@ def zero_stage(stage: int, offload: bool = False):
         if offload:
             from megalith_offload import OffloadConfig
 
-            extra["offload"] = OffloadConfig(tier="host", optim_frac=1.0)
+            extra["offload"] = OffloadConfig(
+                tier="host", optim_frac=OPTIM_FRAC, step_in_backward=early
+            )
         net, opt = zero.shard(
             model,
             torch.optim.AdamW(model.parameters(), lr=1e-4),
@@ -112,6 +117,7 @@ def modes() -> dict[str, Callable]:
         "zero2": zero_stage(2),
         "zero3": zero_stage(3),
         "zero2-offload": zero_stage(2, offload=True),
+        "zero2-offload-after": zero_stage(2, offload=True, early=False),
         "zero3-offload": zero_stage(3, offload=True),
         "booster-ddp": booster(lambda: _ddp_bf16(TorchDDPPlugin), fused=True),
         "booster-zero2": booster(lambda: LowLevelZeroPlugin(stage=2, precision="bf16"), False),
@@ -136,14 +142,28 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+#: --optim-frac: the fraction of chunks the offload modes keep on the host
+OPTIM_FRAC = 1.0
+
+
 def run(
-    mode: str, build, model_name: str, ckpt: bool, batch: int, seq: int, steps: int, warmup: int
+    mode: str,
+    build,
+    model_name: str,
+    ckpt: bool,
+    batch: int,
+    seq: int,
+    steps: int,
+    warmup: int,
+    layers: int = 0,
 ) -> dict:
     cuda = torch.cuda.is_available()  # CPU only for a smoke test of this script
     dev = torch.device("cuda" if cuda else "cpu")
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    model = models.create(model_name, device=dev, seed=0, activation_checkpointing=ckpt)
+    extra = {"n_layers": layers} if layers else {}
+    model = models.create(model_name, device=dev, seed=0, activation_checkpointing=ckpt, **extra)
+    params = sum(p.numel() for p in model.parameters())
     fpt = flops_per_token(model, seq)
     step = build(model)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -159,6 +179,7 @@ def run(
     tps = batch * seq / dt
     return {
         "mode": mode,
+        "params_b": round(params / 1e9, 2),
         "tokens_per_s": tps,
         "mfu": tps * fpt / H200_BF16_PEAK,
         "step_s": dt,
@@ -179,14 +200,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--modes", default=",".join(modes()))
+    ap.add_argument("--layers", type=int, default=0, help="override the model's layer count")
+    ap.add_argument("--optim-frac", type=float, default=1.0)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
+    global OPTIM_FRAC
+    OPTIM_FRAC = a.optim_frac
     comm.init()
     table = modes()
     rows = []
     for m in a.modes.split(","):
         try:
-            rows.append(run(m, table[m], a.model, a.ckpt, a.batch, a.seq, a.steps, a.warmup))
+            rows.append(
+                run(m, table[m], a.model, a.ckpt, a.batch, a.seq, a.steps, a.warmup, a.layers)
+            )
             print(rows[-1], flush=True)
         except Exception:
             traceback.print_exc()
@@ -198,7 +225,7 @@ def main() -> None:
             torch.cuda.empty_cache()
     base = next((r["tokens_per_s"] for r in rows if r["mode"] == "torch"), None)
     lines = [
-        f"# {a.model}, seq {a.seq}, micro-batch {a.batch}, bf16, ckpt {a.ckpt}, "
+        f"# {a.model}{f' ({a.layers} layers)' if a.layers else ''}, seq {a.seq}, micro-batch {a.batch}, bf16, ckpt {a.ckpt}, "
         f"one {torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}, "
         f"{time.strftime('%Y-%m-%d')}",
         "",

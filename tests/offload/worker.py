@@ -30,6 +30,8 @@ class Case:
     chunk_bytes: int = 2048  # small: many chunks, shards cut through parameters
     swap_dir: str = ""
     fsize_limit: int = 0  # RLIMIT_FSIZE for this rank while training (0: none)
+    eager: bool = False  # OffloadConfig(step_in_backward=True)
+    device: str = "cpu"  # "cuda": the model and data on the GPU (tests/test_offload_gpu.py)
 
 
 def offload_config(case: Case) -> OffloadConfig | None:
@@ -42,12 +44,13 @@ def offload_config(case: Case) -> OffloadConfig | None:
         host_budget_bytes=case.host_budget,
         swap_dir=case.swap_dir or None,
         run_name="test",
+        step_in_backward=case.eager,
     )
 
 
 def _train(rank: int, case: Case):
     n = comm.get_world().world_size
-    model = toy.make_model(0)
+    model = toy.make_model(0).to(case.device)
     opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
     config = zero.ZeroConfig(
         stage=case.stage,
@@ -67,7 +70,7 @@ def _run(rank: int, n: int, case: Case, zmodel, zopt) -> dict:
     losses = []
     zmodel.memory.reset_peak()
     for micro in toy.batches(0, case.steps, 1):
-        x, y = micro[0]
+        x, y = (t.to(case.device) for t in micro[0])
         loss = toy.loss_fn(
             zmodel, x[rank * rows : (rank + 1) * rows], y[rank * rows : (rank + 1) * rows]
         )
@@ -83,7 +86,7 @@ def _run(rank: int, n: int, case: Case, zmodel, zopt) -> dict:
     tiers = [c.tier for c in zmodel.chunks if c.trainable]
     store = zopt.offloader.swap if zopt.offloader else None
     swap = store.path if store else None
-    state = zmodel.full_state_dict()
+    state = {k: v.cpu() for k, v in zmodel.full_state_dict().items()}
     zopt.close()  # idempotent
     gone = swap is None or not os.path.exists(swap)
     return {

@@ -141,8 +141,11 @@ def _plugin(args: argparse.Namespace, precision: str, run_dir: Path, name: str) 
         plugin = GeminiPlugin(precision=precision)
     else:
         plugin = LowLevelZeroPlugin(stage=1 if args.plugin == "zero1" else 2, precision=precision)
+    # The loop clips through the booster's optimizer, after backward: host chunks may be
+    # updated during backward only when it does not.
+    early = args.max_norm <= 0 and precision != "fp16"
     if args.offload == "cpu":
-        plugin.set_offload(tier="host")
+        plugin.set_offload(tier="host", step_in_backward=early)
     else:
         plugin.set_offload(
             tier="nvme",

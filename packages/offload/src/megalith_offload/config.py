@@ -41,6 +41,19 @@ class OffloadConfig:
     run_name: names the swap directory (megalith-swap-<run_name>-rank<r>-<id>).
     io_threads: threads of the engine's async file I/O.
     direct: use O_DIRECT where the filesystem allows it.
+    step_in_backward: update each host-tier chunk as soon as backward has reduced its
+        gradients, on the host while the GPU computes the rest of backward, instead of
+        all of them in step(). The result is the same (a chunk's update needs nothing
+        from the others), except that the gradients can then no longer be clipped
+        (clip_grad_norm_ raises) and fp16 loss scaling, whose overflow check must see
+        every gradient first, cannot be used. Every synchronised backward is then a
+        step: accumulate inside no_sync(). The Booster's plugins turn it on when they
+        neither clip nor scale.
+    cpu_threads: host threads of the engine's CPU kernels for the offloaded update;
+        None: MEGALITH_NUM_THREADS when set, else the CPUs this process may run on
+        shared by the ranks of this host (LOCAL_WORLD_SIZE), one left for the thread
+        driving the GPU when there are more than four. (torchrun sets
+        OMP_NUM_THREADS=1, which would otherwise leave the update one thread.)
     """
 
     tier: str = "host"
@@ -53,6 +66,8 @@ class OffloadConfig:
     run_name: str = "megalith"
     io_threads: int = 4
     direct: bool = True
+    step_in_backward: bool = False
+    cpu_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.tier not in TIERS:
@@ -78,6 +93,14 @@ class OffloadConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"OffloadConfig: {name}={value!r}; expected None or an int >= 0")
+        if self.cpu_threads is not None and (
+            isinstance(self.cpu_threads, bool)
+            or not isinstance(self.cpu_threads, int)
+            or self.cpu_threads < 1
+        ):
+            raise ValueError(
+                f"OffloadConfig: cpu_threads={self.cpu_threads!r}; expected None or an int >= 1"
+            )
         if self.io_threads < 1:
             raise ValueError(f"OffloadConfig: io_threads={self.io_threads}; expected >= 1")
         if not self.run_name or "/" in self.run_name:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from megalith import _engine
+
 from .config import OffloadConfig
-from .host import HostTier
+from .host import HostTier, host_threads
 from .placement import ChunkCost, Plan, plan
 from .swap import SwapStore
 
@@ -29,6 +31,8 @@ class Offloader:
         self.tiers = list(self.plan.tiers)  # as placed now (auto placement changes them)
         kinds = ("master", "optim_states") if config.tier == "host" else ("master", "swap_staging")
         self.host = HostTier(config.host_budget_bytes, pinned, kinds)
+        if any(t != "device" for t in self.tiers):
+            _engine.set_num_threads(host_threads(config.cpu_threads))
         self.swap: SwapStore | None = None
         if self.plan.slots:
             self.swap = SwapStore(config, rank, self.host, self.plan.slots, self.plan.slot_bytes)

@@ -160,6 +160,12 @@ def shard(
             f"megalith_zero.shard: model_parallel={model_parallel!r}; expected None or "
             "megalith_zero.ModelParallel(group, weight)"
         )
+    if config.offload is not None and config.offload.step_in_backward and config.scales_loss:
+        raise ValueError(
+            "megalith_zero.shard: OffloadConfig(step_in_backward=True) with fp16 loss scaling: "
+            "an overflow must skip the whole step, which is known only once every gradient "
+            "is in; train in bf16, or set step_in_backward=False"
+        )
     rule = rule_for(optimizer)
     if any(optimizer.state.values()):
         raise ValueError(

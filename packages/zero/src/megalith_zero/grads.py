@@ -36,6 +36,13 @@ class GradReducer:
         on_chunk_done: Callable[[FlatChunk], None] | None = None,
         on_backward_end: Callable[[], None] | None = None,
     ):
+        #: called with each chunk once its reduction is finished (in stream order on
+        #: CUDA); ZeroOptimizer steps offloaded chunks from here during backward
+        self.on_reduced: Callable[[FlatChunk], None] | None = None
+        #: called at the first gradient of each backward, before any reduction
+        self.on_backward_start: Callable[[], None] | None = None
+        #: backward passes that reduced (not inside no_sync) so far
+        self.synced_backwards = 0
         self.chunks = [c for c in chunks if c.trainable]
         self.group = group
         self.overlap = overlap
@@ -63,6 +70,8 @@ class GradReducer:
             if self is None:
                 return
             if not self._in_backward:
+                if self.sync and self.on_backward_start is not None:
+                    self.on_backward_start()
                 self._in_backward = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
             chunk = self.chunks[k]
@@ -92,14 +101,14 @@ class GradReducer:
             # back while backward continues (stages 2 and 3 keep only shards).
             while len(self._pending) > MAX_IN_FLIGHT:
                 done, handle = self._pending.pop(0)
-                handle.wait()
-                done.finish_reduce()
+                self._finish(done, handle)
 
     def _end_backward(self) -> None:
         self._in_backward = False
         if self.sync:
             self._launch(until_complete=False)
             self.wait()
+            self.synced_backwards += 1
         self._next = len(self.chunks) - 1
         self._arrived = [0] * len(self.chunks)
         if self.on_backward_end is not None:
@@ -108,8 +117,13 @@ class GradReducer:
     def wait(self) -> None:
         pending, self._pending = self._pending, []
         for c, handle in pending:
-            handle.wait()
-            c.finish_reduce()
+            self._finish(c, handle)
+
+    def _finish(self, c: FlatChunk, handle: comm.Handle) -> None:
+        handle.wait()
+        c.finish_reduce()
+        if self.on_reduced is not None:
+            self.on_reduced(c)
 
     def remove(self) -> None:
         for h in self._hooks:

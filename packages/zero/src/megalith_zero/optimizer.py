@@ -16,6 +16,7 @@ from megalith.optim import functional as F
 from .chunk import FlatChunk
 from .config import ZeroConfig
 from .grads import GradReducer
+from .host_step import HostStepper
 from .loss_scale import DynamicLossScaler
 from .offload import swapped_states
 from .rule import Rule
@@ -97,6 +98,17 @@ class ZeroOptimizer:
         #: placement="auto" (megalith_zero.offload.AutoPlacement): its warm-up ends
         #: with the first step
         self.placement: Any = None
+        #: updates host-tier chunks on the host, pipelined ([Note: pipelined host step])
+        self.stepper: HostStepper | None = None
+        host = [c for c in self.trainable if c.tier != "device"]
+        if host:
+            self.stepper = HostStepper(host, offloader.host, host[0].shard.device)
+        self.step_in_backward = bool(offloader is not None and offloader.config.step_in_backward)
+        self._stepped_early: set[int] = set()  # ids of chunks stepped by this backward
+        self._synced_at_step = 0  # reducer.synced_backwards when step() last ran
+        reducer.on_reduced = self._on_reduced
+        if self.step_in_backward:
+            reducer.on_backward_start = self._check_backward_start
 
     def _weighted_pieces(
         self, mp: ModelParallel | None
@@ -180,6 +192,12 @@ class ZeroOptimizer:
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> float:
         """Global L2 norm of the (unscaled) gradients over all shards; the next step()
         multiplies them by min(1, max_norm / (norm + 1e-6)), as torch's clip_grad_norm_."""
+        if self._updated_in_backward:
+            raise RuntimeError(
+                "clip_grad_norm_: the offloaded chunks were already updated during backward "
+                "(OffloadConfig(step_in_backward=True)), so their gradients can no longer be "
+                "clipped; set step_in_backward=False to clip"
+            )
         if norm_type != 2.0:
             raise ValueError(
                 f"clip_grad_norm_: norm_type={norm_type}; megalith_zero clips by the L2 norm only"
@@ -210,20 +228,27 @@ class ZeroOptimizer:
             per_chunk_used.append(used[pos : pos + len(c.used)])
             pos += len(c.used)
         swapped: list[tuple[FlatChunk, list[bool], dict[str, Any], tuple[str, ...]]] = []
-        for gi, group in enumerate(self.optimizer.param_groups):
+        groups = self.optimizer.param_groups
+        # Host chunks first: the host updates them while the device steps its own.
+        for c, u in zip(self.trainable, per_chunk_used):
+            if c.tier == "host" and id(c) not in self._stepped_early:
+                self._submit_host(c, groups[c.spec.group], c.step_pieces(u), grad_scale)
+        for gi, group in enumerate(groups):
             names = self.rule.state_names(group)
             mine = [(c, u) for c, u in zip(self.trainable, per_chunk_used) if c.spec.group == gi]
-            for tier in ("device", "host"):  # one engine call per tier and step number
-                batch = [(c, u) for c, u in mine if c.tier == tier]
-                for c, _ in batch:
-                    c.ensure_states(names)
-                self._apply(group, names, batch, grad_scale)
+            batch = [(c, u) for c, u in mine if c.tier == "device"]
+            for c, _ in batch:
+                c.ensure_states(names)
+            self._apply(group, names, batch, grad_scale)  # one engine call per step number
             swapped += [(c, u, group, names) for c, u in mine if c.tier == "nvme"]
         # NVMe chunks in one stream over all groups, so every read overlaps a step.
         work_of = {id(c): (u, group, names) for c, u, group, names in swapped}
         for c in swapped_states(self.offloader, [(c, n) for c, _, _, n in swapped]):
             u, group, names = work_of[id(c)]
-            self._apply(group, names, [(c, u)], grad_scale)
+            self._submit_host(c, group, c.step_pieces(u), grad_scale)
+            self.stepper.wait()  # the states are loaded only inside this loop turn
+        if self.stepper is not None:
+            self.stepper.wait()
         for c, u in zip(self.trainable, per_chunk_used):
             c.steps = [s + 1 if ui else s for s, ui in zip(c.steps, u)]
         if self.config.stage in (1, 2):
@@ -246,13 +271,9 @@ class ZeroOptimizer:
         for step, pieces in work.items():
             c0 = pieces[0][0]
             grads = [c.shard_grad[sl] for c, sl in pieces]
-            copies = back = None
+            copies = None
             if c0.master.data_ptr() != c0.shard.data_ptr():  # a separate fp32 master
                 copies = [c.shard[sl] for c, sl in pieces]
-            if c0.tier != "device" and c0.shard.is_cuda:
-                # The host kernel steps host memory: grads come down, params go up.
-                grads = [g.to("cpu", non_blocking=False) for g in grads]
-                back, copies = copies, [torch.empty_like(x, device="cpu") for x in copies]
             self.rule.apply(
                 group,
                 step,
@@ -262,12 +283,67 @@ class ZeroOptimizer:
                 copies,
                 grad_scale,
             )
-            if back is not None:
-                for dst, src in zip(back, copies):
-                    dst.copy_(src, non_blocking=True)
+
+    def _submit_host(
+        self,
+        c: FlatChunk,
+        group: dict[str, Any],
+        pieces: list[tuple[int, slice, list[int]]],
+        grad_scale: float,
+    ) -> None:
+        """Queues an offloaded chunk's update on the host stepper (one engine call per
+        piece, on the host copies of its gradients and into staged working params)."""
+        names = self.rule.state_names(group)
+        c.ensure_states(names)
+
+        def work(grads: torch.Tensor, params: torch.Tensor) -> None:
+            for step, sl, _ in pieces:
+                self.rule.apply(
+                    group,
+                    step,
+                    [c.master[sl]],
+                    [grads[sl]],
+                    {n: [c.states[n][sl]] for n in names},
+                    [params[sl]],
+                    grad_scale,
+                )
+
+        self.stepper.submit(c, work, [sl for _, sl, _ in pieces])
+
+    @property
+    def _updated_in_backward(self) -> bool:
+        """A synchronised backward ran since step() with step_in_backward (the same on
+        every rank, whichever chunks each one updated early)."""
+        return self.step_in_backward and self.reducer.synced_backwards > self._synced_at_step
+
+    def _check_backward_start(self) -> None:
+        if self._updated_in_backward:
+            raise RuntimeError(
+                "megalith_zero: a second backward before step() with "
+                "OffloadConfig(step_in_backward=True), which updates each backward's chunks "
+                "at once; accumulate gradients inside ZeroOptimizer.no_sync() and call step() "
+                "after each synchronised backward"
+            )
+
+    def _on_reduced(self, c: FlatChunk) -> None:
+        """With step_in_backward: a host chunk whose gradients are complete is updated
+        now, while backward goes on (the update needs nothing from other chunks when
+        nothing clips or scales: see OffloadConfig.step_in_backward)."""
+        if not self.step_in_backward or c.tier != "host" or not c.trainable:
+            return
+        if self.placement is not None and self.placement.pending:
+            return  # the warm-up step measures the plain step first
+        own = [c.spec.slots.index(seg.slot) for seg in c.spec.segments(c.rank)]
+        if not all(c.used[i] for i in own):
+            return  # a parameter unused here: step() decides with every rank's flags
+        self._submit_host(c, self.optimizer.param_groups[c.spec.group], c.step_pieces(c.used), 1.0)
+        self._stepped_early.add(id(c))
 
     def close(self) -> None:
         """Waits for offload transfers and removes the run's swap directory (if any)."""
+        if self.stepper is not None:
+            self.stepper.wait()
+            self.stepper.close()
         if self.offloader is not None:
             self.offloader.close()
 
@@ -281,6 +357,8 @@ class ZeroOptimizer:
             h.wait()
 
     def _end_step(self) -> None:
+        self._stepped_early.clear()
+        self._synced_at_step = self.reducer.synced_backwards
         self._stats = None
         self._clip_coef = 1.0
         if self.placement is not None and self.placement.pending:
@@ -288,6 +366,12 @@ class ZeroOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.reducer.wait()
+        if self._updated_in_backward:
+            raise RuntimeError(
+                "megalith_zero: zero_grad() after a backward that already updated offloaded "
+                "chunks (OffloadConfig(step_in_backward=True)); call step() first: every "
+                "synchronised backward is a step in this mode"
+            )
         for c in self.trainable:
             c.zero_grad()
         self._stats = None

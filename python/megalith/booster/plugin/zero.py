@@ -9,6 +9,7 @@ reduction hooks, stage-3 gather hooks) -> the wrappers the Booster hands back.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 import torch
@@ -70,12 +71,22 @@ class _ZeroPlugin(Plugin):
         self._reduce_dtype = reduce_dtype
         self._overlap = overlap
         self._offload: Any = None  # a megalith_offload.OffloadConfig, or None
+        self._step_in_backward: bool | None = None  # None: when nothing clips or scales
 
     def set_offload(self, **kwargs: Any) -> None:
         """Offloads optimizer states: kwargs of megalith_offload.OffloadConfig (tier,
-        optim_frac, swap_dir, ...), validated now so bad numbers fail here."""
+        optim_frac, swap_dir, ...), validated now so bad numbers fail here. Unless
+        step_in_backward is given, host chunks are updated during backward whenever the
+        plugin neither clips (max_norm 0) nor scales the loss (precision not fp16)."""
         mo = require("megalith_offload", "megalith-offload", type(self).__name__ + " offloading")
         self._offload = mo.OffloadConfig(**kwargs)
+        self._step_in_backward = kwargs.get("step_in_backward")
+
+    def _offload_config(self) -> Any:
+        if self._offload is None or self._step_in_backward is not None:
+            return self._offload
+        early = not self.max_norm and self.precision != "fp16"
+        return dataclasses.replace(self._offload, step_in_backward=early)
 
     def set_precision(self, precision: str | None) -> None:
         if precision is not None:
@@ -90,7 +101,7 @@ class _ZeroPlugin(Plugin):
             chunk_bytes=self._chunk_bytes,
             loss_scale=zero.LossScaleConfig(**self._loss_scale),
             overlap=self._overlap,
-            offload=self._offload,
+            offload=self._offload_config(),
         )
 
     def configure(self, model, optimizer, criterion, dataloader, lr_scheduler):

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 5 on a lent GPU machine: host offload of ZeRO's fp32 masters and optimizer states
+# (benchmarks/zero/gpu_gpt.py, each run its own process) beside plain torch. On a host with
+# more cores than the 16-core H200 machine of ../shared/ANCHORS.md, CORES (default 0-15)
+# pins every run to 16 of them so the host update is measured on the same core count.
+# SECTIONS picks the parts: gpt1p3b (torch, offload with the update during backward and
+# after it), gpt6p7b (micro-batch 8, checkpointing), gpt12b (38 layers of d5120, the 12.2B
+# of ANCHORS, micro-batch 1, OPTIM_FRAC_12B of the chunks on the host).
+source "$(dirname "$0")/setup.sh"
+build comm zero pipeline offload
+CORES=${CORES:-0-15}
+bench() {  # name, limit, args...
+  local name=$1 limit=$2; shift 2
+  log "$name"
+  timeout "$limit" taskset -c "$CORES" python3 -m torch.distributed.run --nproc_per_node 1 \
+    benchmarks/zero/gpu_gpt.py --out "/tmp/$name.md" "$@" > "/tmp/$name.log" 2>&1
+  grep -v "^W" "/tmp/$name.log" | grep -B2 -A3 "Error" | head -20
+  grep "^| " "/tmp/$name.md" | tail -n +3 | tee -a "$OUT/offload_rows.md" || tail -5 "/tmp/$name.log"
+}
+for section in ${SECTIONS:-gpt1p3b gpt6p7b gpt12b}; do
+  case $section in
+  gpt1p3b)
+    for m in ${MODES_1P3B:-torch zero2-offload zero2-offload-after zero3-offload}; do
+      bench "1p3b_$m" 150 --batch 16 --modes "$m"
+    done ;;
+  gpt6p7b)
+    for m in ${MODES_6P7B:-zero2-offload}; do
+      bench "6p7b_$m" 240 --model gpt-6.7b --ckpt --batch 8 --steps 3 --warmup 2 --modes "$m"
+    done ;;
+  gpt12b)
+    bench 12b_zero2-offload 300 --model gpt-13b --layers 38 --ckpt --batch 1 --steps 3 --warmup 1 \
+      --optim-frac "${OPTIM_FRAC_12B:-0.5}" --modes zero2-offload ;;
+  esac
+done
+log done
