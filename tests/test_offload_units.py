@@ -15,7 +15,9 @@ from megalith_offload import ChunkCost, HostTier, OffloadConfig, SwapStore, file
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"tier": "gpu"}, "tier='gpu'; expected 'host' or 'nvme'"),
+        ({"tier": "gpu"}, "tier='gpu'; expected 'host', 'nvme' or 'host\\+nvme'"),
+        ({"tier": "host+nvme"}, "tier='host\\+nvme' needs host_budget_bytes"),
+        ({"cpu_threads": 0}, "cpu_threads=0; expected None or an int >= 1"),
         ({"optim_frac": 1.5}, "optim_frac=1.5; expected 0 <= optim_frac <= 1"),
         ({"optim_frac": -0.1}, "optim_frac=-0.1"),
         ({"device_budget_bytes": -1}, "device_budget_bytes=-1; expected None or an int >= 0"),
@@ -61,11 +63,30 @@ def test_host_budget_too_small_gives_the_numbers():
         plan(costs(4), OffloadConfig(host_budget_bytes=5000))
     with pytest.raises(
         ValueError,
-        match=r"masters take 4000 bytes and one NVMe staging buffer .* 8192 bytes, 12192",
+        match=r"staging\) take 4000 bytes and one NVMe staging buffer .* 8192 bytes, 12192",
     ):
         plan(costs(4), OffloadConfig(tier="nvme", host_budget_bytes=12000))
     one = plan(costs(4), OffloadConfig(tier="nvme", host_budget_bytes=13000))
     assert one.slots == 1 and one.host_bytes == 12192  # room for one buffer: no overlap
+
+
+def test_host_then_nvme_fills_the_host_budget_first():
+    # 4 offloaded chunks: masters 40000 bytes; states 20000 each; 2 staging buffers of
+    # 8192 while any chunk is left on NVMe
+    def placed(budget: int, frac: float = 1.0):
+        config = OffloadConfig(tier="host+nvme", host_budget_bytes=budget, optim_frac=frac)
+        return plan(costs(4, 10000), config)
+
+    assert placed(40000 + 16384).tiers == ("nvme",) * 4
+    p = placed(40000 + 40000 + 16384)
+    assert p.tiers == ("host", "host", "nvme", "nvme")
+    assert (p.slots, p.host_bytes, p.nvme_bytes) == (2, 96384, 2 * 8192)
+    assert placed(116384).tiers == ("host", "host", "host", "nvme")
+    everything = placed(120000)
+    assert everything.tiers == ("host",) * 4 and everything.slots == 0
+    assert placed(60000, frac=0.5).tiers == ("host", "host", "device", "device")
+    with pytest.raises(ValueError, match=r"too small for tier='host\+nvme': .* 48192 in all"):
+        placed(48192 - 1)
 
 
 def test_host_tier_accounting_and_limit():

@@ -16,13 +16,14 @@ from . import auto
 from .config import PLACEMENTS, TIERS, OffloadConfig
 from .host import ALIGNMENT, HostTier, host_resource
 from .offloader import Offloader
-from .placement import ChunkCost, Plan, plan
+from .placement import HOST_STEP_SLOTS, ChunkCost, Plan, plan
 from .swap import SwapStore, file_bytes
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ALIGNMENT",
+    "HOST_STEP_SLOTS",
     "PLACEMENTS",
     "TIERS",
     "ChunkCost",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-TIERS = ("host", "nvme")
+TIERS = ("host", "nvme", "host+nvme")
 PLACEMENTS = ("static", "auto")
 
 
@@ -18,6 +18,9 @@ class OffloadConfig:
         in a per-run swap directory, read back before a chunk's step and written
         after it; the next chunk's read overlaps the current chunk's step). The
         fp32 masters of offloaded chunks live in host memory on either tier.
+        "host+nvme": each offloaded chunk's states in host memory while
+        host_budget_bytes has room for them, on NVMe past it (the device, the host
+        and the disk together hold the model).
     optim_frac: the fraction of chunks whose states are offloaded (ColossalAI's
         offload_optim_frac): 1.0 offloads all, 0.0 none (unless the budget asks).
     placement: "static" (the default): the chunks named by optim_frac and
@@ -71,7 +74,14 @@ class OffloadConfig:
 
     def __post_init__(self) -> None:
         if self.tier not in TIERS:
-            raise ValueError(f"OffloadConfig: tier={self.tier!r}; expected 'host' or 'nvme'")
+            raise ValueError(
+                f"OffloadConfig: tier={self.tier!r}; expected 'host', 'nvme' or 'host+nvme'"
+            )
+        if self.tier == "host+nvme" and self.host_budget_bytes is None:
+            raise ValueError(
+                "OffloadConfig: tier='host+nvme' needs host_budget_bytes: the host memory the "
+                "optimizer states may fill before the rest go to NVMe"
+            )
         frac = self.optim_frac
         if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 <= frac <= 1:
             raise ValueError(f"OffloadConfig: optim_frac={frac!r}; expected 0 <= optim_frac <= 1")

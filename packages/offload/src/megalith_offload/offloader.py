@@ -29,7 +29,9 @@ class Offloader:
         self.config = config
         self.plan: Plan = plan(costs, config)
         self.tiers = list(self.plan.tiers)  # as placed now (auto placement changes them)
-        kinds = ("master", "optim_states") if config.tier == "host" else ("master", "swap_staging")
+        kinds = {"host": ("master", "optim_states"), "nvme": ("master", "swap_staging")}.get(
+            config.tier, ("master", "optim_states", "swap_staging")
+        )
         self.host = HostTier(config.host_budget_bytes, pinned, kinds)
         if any(t != "device" for t in self.tiers):
             _engine.set_num_threads(host_threads(config.cpu_threads))

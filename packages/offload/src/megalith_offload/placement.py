@@ -3,8 +3,11 @@
 The first ceil(optim_frac * n) chunks are offloaded (ColossalAI's offload_optim_frac
 counts chunks the same way); the rest stay on the device tier while their bytes
 fit device_budget_bytes, and are offloaded past it. Offloaded chunks go to the
-configured tier. The host side is then checked against host_budget_bytes before
-anything is allocated, so a budget that cannot work fails with the numbers.
+configured tier; with tier="host+nvme" each offloaded chunk keeps its states in host
+memory while host_budget_bytes has room for them (after every offloaded master and
+the NVMe staging buffers), and on NVMe past it: the device, the host and the disk
+together hold the model. The host side is then checked against host_budget_bytes
+before anything is allocated, so a budget that cannot work fails with the numbers.
 
 With placement="auto" every chunk starts offloaded (the warm-up step); what comes
 back to the device afterwards is megalith_offload.auto's choice.
@@ -27,12 +30,20 @@ class ChunkCost:
     master: the fp32 master on the host, if offloaded.
     states: the optimizer states on the host, if offloaded to the host tier.
     swap: the chunk's swap file (and staging buffer), if offloaded to NVMe.
+    step_staging: host buffers for one chunk's update on the host (its gradients coming
+        down, its working parameters going up); HOST_STEP_SLOTS of the largest are kept.
     """
 
     device: int
     master: int
     states: int
     swap: int
+    step_staging: int = 0
+
+
+#: chunks the host update stages at once (megalith_zero.host_step: gradients of the next
+#: chunks come down while one is updated and the last one's parameters go up)
+HOST_STEP_SLOTS = 3
 
 
 @dataclass(frozen=True)
@@ -48,29 +59,49 @@ class Plan:
 def plan(costs: Sequence[ChunkCost], config: OffloadConfig) -> Plan:
     n = len(costs)
     n_off = min(n, math.ceil(config.optim_frac * n - 1e-9))
-    tiers = [config.tier] * n_off + ["device"] * (n - n_off)
+    first = "nvme" if config.tier == "host+nvme" else config.tier
+    tiers = [first] * n_off + ["device"] * (n - n_off)
     budget = config.device_budget_bytes if config.placement == "static" else None
     on_device = 0
     for i in range(n_off, n):
         if budget is not None and on_device + costs[i].device > budget:
-            tiers[i] = config.tier
+            tiers[i] = first
         else:
             on_device += costs[i].device
     off = [c for c, t in zip(costs, tiers) if t != "device"]
     masters = sum(c.master for c in off)
-    slots, slot_bytes, nvme = 0, 0, 0
-    if config.tier == "host":
-        host = masters + sum(c.states for c in off)
-    else:
-        slot_bytes = max((c.swap for c in off), default=0)
-        nvme = sum(c.swap for c in off)
-        slots = 2 if off else 0
-        host = masters + slots * slot_bytes
+    # the host update's staging is counted with the masters: every offloaded chunk needs it
+    masters += HOST_STEP_SLOTS * max((c.step_staging for c in off), default=0)
+    if config.tier == "host+nvme":
+        _spill_to_host(costs, tiers, config.host_budget_bytes - masters)
+    swapped = [c for c, t in zip(costs, tiers) if t == "nvme"]
+    slot_bytes = max((c.swap for c in swapped), default=0)
+    nvme = sum(c.swap for c in swapped)
+    slots = 2 if swapped else 0
+    host = masters + sum(c.states for c, t in zip(costs, tiers) if t == "host")
+    host += slots * slot_bytes
     _check_host(config, off, masters, slot_bytes, host)
-    if config.tier == "nvme" and config.host_budget_bytes is not None and off:
-        if host > config.host_budget_bytes:
-            slots, host = 1, masters + slot_bytes  # fits one staging buffer: no overlap
+    if swapped and config.host_budget_bytes is not None and host > config.host_budget_bytes:
+        slots, host = 1, host - slot_bytes  # fits one staging buffer: no overlap
     return Plan(tuple(tiers), slots, slot_bytes, on_device, host, nvme)
+
+
+def _spill_to_host(costs: Sequence[ChunkCost], tiers: list[str], room: int) -> None:
+    """tier="host+nvme": offloaded chunks (all planned on NVMe) move to the host, in
+    order, while `room` holds their states and the NVMe staging the rest still needs."""
+    nvme = [i for i, t in enumerate(tiers) if t == "nvme"]
+    if sum(costs[i].states for i in nvme) <= room:  # all on the host: no staging needed
+        nvme = []
+        for i, t in enumerate(tiers):
+            if t == "nvme":
+                tiers[i] = "host"
+    for k, i in enumerate(nvme):
+        rest = nvme[k + 1 :]
+        staging = 2 * max((costs[j].swap for j in rest), default=0)
+        if costs[i].states + staging > room:
+            break
+        tiers[i] = "host"
+        room -= costs[i].states
 
 
 def _check_host(
@@ -79,13 +110,22 @@ def _check_host(
     limit = config.host_budget_bytes
     if limit is None or not off:
         return
+    if config.tier == "host+nvme" and limit < masters + slot_bytes:
+        raise ValueError(
+            f"OffloadConfig: host_budget_bytes={limit} is too small for tier='host+nvme': the "
+            f"offloaded chunks' fp32 masters (and the host update's staging) take {masters} "
+            f"bytes and one NVMe staging buffer "
+            f"{slot_bytes} bytes, {masters + slot_bytes} in all; raise it, or raise "
+            "device_budget_bytes / lower optim_frac so fewer chunks are offloaded"
+        )
     if config.tier == "host":
-        one = min(c.master + c.states for c in off)
+        staging = HOST_STEP_SLOTS * max(c.step_staging for c in off)
+        one = min(c.master + c.states for c in off) + staging
         if limit < one:
             raise ValueError(
                 f"OffloadConfig: host_budget_bytes={limit} is too small for even one chunk: "
-                f"its fp32 master and optimizer states take {one} bytes; raise it, or "
-                "use tier='nvme'"
+                f"its fp32 master and optimizer states, with the host update's staging "
+                f"({staging}), take {one} bytes; raise it, or use tier='nvme'"
             )
         if host > limit:
             raise ValueError(
@@ -96,6 +136,7 @@ def _check_host(
     elif limit < masters + slot_bytes:
         raise ValueError(
             f"OffloadConfig: host_budget_bytes={limit} is too small: the offloaded chunks' fp32 "
-            f"masters take {masters} bytes and one NVMe staging buffer (the largest chunk's "
+            f"masters (and the host update's staging) take {masters} bytes and one NVMe "
+            f"staging buffer (the largest chunk's "
             f"optimizer states) {slot_bytes} bytes, {masters + slot_bytes} in all; raise it"
         )

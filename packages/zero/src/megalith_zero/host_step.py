@@ -33,9 +33,6 @@ from typing import Any
 
 import torch
 
-#: staging slots: gradients of up to RING - 1 chunks are in flight while one steps
-RING = 3
-
 #: (host gradients, host working-parameter staging) -> None: the chunk's update
 Work = Callable[[torch.Tensor, torch.Tensor], None]
 
@@ -52,14 +49,18 @@ class _Job:
 
 
 class HostStepper:
-    def __init__(self, chunks: list[Any], host: Any, device: torch.device):
+    def __init__(self, chunks: list[Any], host: Any, device: torch.device, slots: int = 3):
+        """slots: chunk-sized staging buffers of each kind (megalith_offload's
+        HOST_STEP_SLOTS, which its placement counts); the gradients of up to slots - 1
+        chunks come down while one is updated."""
         self.device = device
+        self.slots = slots
         self.cuda = device.type == "cuda"
         numel = max(c.spec.shard_numel for c in chunks)
         grad_dtype, param_dtype = chunks[0].shard_grad.dtype, chunks[0].shard.dtype
-        self._grads = [host.empty("grad_staging", numel, grad_dtype) for _ in range(RING)]
-        self._params = [host.empty("param_staging", numel, param_dtype) for _ in range(RING)]
-        self._up_done: list[torch.cuda.Event | None] = [None] * RING
+        self._grads = [host.empty("grad_staging", numel, grad_dtype) for _ in range(self.slots)]
+        self._params = [host.empty("param_staging", numel, param_dtype) for _ in range(self.slots)]
+        self._up_done: list[torch.cuda.Event | None] = [None] * slots
         self._next_slot = 0
         if self.cuda:
             self._down = torch.cuda.Stream(device)
@@ -115,7 +116,7 @@ class HostStepper:
         while not (stop and not started):
             # Start gradient copies for every queued chunk a free slot allows; block
             # for the next one only when nothing else is in flight.
-            while not stop and len(started) < RING - 1:
+            while not stop and len(started) < self.slots - 1:
                 try:
                     job = self._queue.get(block=not started)
                 except queue.Empty:
@@ -129,7 +130,7 @@ class HostStepper:
                 self._finish(started.popleft())
 
     def _start_copy_down(self, job: _Job) -> None:
-        job.slot, self._next_slot = self._next_slot, (self._next_slot + 1) % RING
+        job.slot, self._next_slot = self._next_slot, (self._next_slot + 1) % self.slots
         n = job.chunk.spec.shard_numel
         if self._error is not None:
             return

@@ -55,6 +55,8 @@ def make_offloader(
         return None, {}
     mo = require_offload()
     mixed = config.param_dtype != torch.float32
+    wd = torch.empty((), dtype=config.param_dtype).element_size()
+    rd = torch.empty((), dtype=config.grad_reduce_dtype).element_size()
     costs, index = [], {}
     for spec in layout.chunks:
         if spec.group < 0:
@@ -68,6 +70,7 @@ def make_offloader(
                 master=FLOAT * s,
                 states=FLOAT * s * n_states,
                 swap=mo.file_bytes(s, n_states),
+                step_staging=s * (wd + rd),
             )
         )
     # Pinned host memory only pays off (and only exists) beside a GPU.

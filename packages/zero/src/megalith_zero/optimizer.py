@@ -18,7 +18,7 @@ from .config import ZeroConfig
 from .grads import GradReducer
 from .host_step import HostStepper
 from .loss_scale import DynamicLossScaler
-from .offload import swapped_states
+from .offload import require_offload, swapped_states
 from .rule import Rule
 
 
@@ -102,7 +102,8 @@ class ZeroOptimizer:
         self.stepper: HostStepper | None = None
         host = [c for c in self.trainable if c.tier != "device"]
         if host:
-            self.stepper = HostStepper(host, offloader.host, host[0].shard.device)
+            slots = require_offload().HOST_STEP_SLOTS  # as the placement counted them
+            self.stepper = HostStepper(host, offloader.host, host[0].shard.device, slots)
         self.step_in_backward = bool(offloader is not None and offloader.config.step_in_backward)
         self._stepped_early: set[int] = set()  # ids of chunks stepped by this backward
         self._synced_at_step = 0  # reducer.synced_backwards when step() last ran
