@@ -5,7 +5,9 @@
 # pins every run to 16 of them so the host update is measured on the same core count.
 # SECTIONS picks the parts: gpt1p3b (torch, offload with the update during backward and
 # after it), gpt6p7b (micro-batch 8, checkpointing), gpt12b (38 layers of d5120, the 12.2B
-# of ANCHORS, micro-batch 1, OPTIM_FRAC_12B of the chunks on the host).
+# of ANCHORS, micro-batch 1, OPTIM_FRAC_12B of the chunks on the host), largest (57 layers
+# of d5120, 18.2B: states on the GPU up to DEVICE_GB, then host memory up to HOST_GB with the
+# masters, then NVMe under SWAP; budgets sized for the H200 box's 141 GB GPU, 126 GiB host).
 source "$(dirname "$0")/setup.sh"
 build comm zero pipeline offload
 CORES=${CORES:-0-15}
@@ -16,6 +18,7 @@ bench() {  # name, limit, args...
     benchmarks/zero/gpu_gpt.py --out "/tmp/$name.md" "$@" > "/tmp/$name.log" 2>&1
   grep -v "^W" "/tmp/$name.log" | grep -B2 -A3 "Error" | head -20
   grep "^| " "/tmp/$name.md" | tail -n +3 | tee -a "$OUT/offload_rows.md" || tail -5 "/tmp/$name.log"
+  grep -o "'placement'.*" "/tmp/$name.log" | tee -a "$OUT/offload_rows.md"
 }
 for section in ${SECTIONS:-gpt1p3b gpt6p7b gpt12b}; do
   case $section in
@@ -30,6 +33,14 @@ for section in ${SECTIONS:-gpt1p3b gpt6p7b gpt12b}; do
   gpt12b)
     bench 12b_zero2-offload 300 --model gpt-13b --layers 38 --ckpt --batch 1 --steps 3 --warmup 1 \
       --optim-frac "${OPTIM_FRAC_12B:-0.5}" --modes zero2-offload ;;
+  largest)
+    mkdir -p "${SWAP:-/tmp/swap}"
+    bench largest_zero2-offload "${LIMIT_LARGEST:-420}" --model gpt-13b --layers "${LAYERS:-57}" \
+      --ckpt --batch 1 --steps 3 --warmup 0 --init-dtype bf16 --tier host+nvme --optim-frac 0 \
+      --device-budget-gb "${DEVICE_GB:-50}" --host-budget-gb "${HOST_GB:-110}" \
+      --swap-dir "${SWAP:-/tmp/swap}" --modes zero2-offload
+    grep "'mode'" /tmp/largest_zero2-offload.log | tee -a "$OUT/offload_rows.md"
+    df -h "${SWAP:-/tmp/swap}" | tail -1 ;;
   esac
 done
 log done

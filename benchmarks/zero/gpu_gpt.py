@@ -50,8 +50,8 @@ def plain_torch(model):
 
 
 def zero_stage(stage: int, offload: bool = False, early: bool = True):
-    """ZeRO at `stage`; offload: fp32 masters and optimizer states on the host (OPTIM_FRAC
-    of the chunks; the rest stay on the GPU), updated during backward when `early`."""
+    """ZeRO at `stage`; offload: fp32 masters and optimizer states offloaded as OFFLOAD
+    says (default: every chunk's in host memory), updated during backward when `early`."""
 
     def build(model):
         import megalith_zero as zero
@@ -60,9 +60,7 @@ def zero_stage(stage: int, offload: bool = False, early: bool = True):
         if offload:
             from megalith_offload import OffloadConfig
 
-            extra["offload"] = OffloadConfig(
-                tier="host", optim_frac=OPTIM_FRAC, step_in_backward=early
-            )
+            extra["offload"] = OffloadConfig(**OFFLOAD, step_in_backward=early)
         net, opt = zero.shard(
             model,
             torch.optim.AdamW(model.parameters(), lr=1e-4),
@@ -76,6 +74,13 @@ def zero_stage(stage: int, offload: bool = False, early: bool = True):
             opt.zero_grad()
             return loss
 
+        def placement() -> dict:
+            """Chunks per tier, and the engine's peak bytes per kind and tier (GB)."""
+            tiers = [c.tier for c in net.chunks if c.trainable]
+            peaks = {k: round(u.peak_bytes / 1e9, 2) for k, u in net.memory_report().items()}
+            return {"chunks": {t: tiers.count(t) for t in sorted(set(tiers))}, "peak_gb": peaks}
+
+        step.placement = placement
         return step
 
     return build
@@ -142,8 +147,9 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-#: --optim-frac: the fraction of chunks the offload modes keep on the host
-OPTIM_FRAC = 1.0
+#: OffloadConfig arguments of the offload modes (--tier, --optim-frac, --host-budget-gb,
+#: --device-budget-gb, --swap-dir)
+OFFLOAD: dict = {"tier": "host"}
 
 
 def run(
@@ -156,13 +162,16 @@ def run(
     steps: int,
     warmup: int,
     layers: int = 0,
+    init_dtype: torch.dtype | None = None,
 ) -> dict:
     cuda = torch.cuda.is_available()  # CPU only for a smoke test of this script
     dev = torch.device("cuda" if cuda else "cpu")
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     extra = {"n_layers": layers} if layers else {}
-    model = models.create(model_name, device=dev, seed=0, activation_checkpointing=ckpt, **extra)
+    model = models.create(
+        model_name, device=dev, dtype=init_dtype, seed=0, activation_checkpointing=ckpt, **extra
+    )
     params = sum(p.numel() for p in model.parameters())
     fpt = flops_per_token(model, seq)
     step = build(model)
@@ -188,6 +197,7 @@ def run(
         # own count after the steps has both, plus torch's cache
         "device_gib": used_gib() if cuda else 0.0,
         "loss": float(loss.detach()),
+        **({"placement": step.placement()} if hasattr(step, "placement") else {}),
     }
 
 
@@ -202,17 +212,42 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(modes()))
     ap.add_argument("--layers", type=int, default=0, help="override the model's layer count")
     ap.add_argument("--optim-frac", type=float, default=1.0)
+    ap.add_argument("--tier", default="host", help="offload modes: host, nvme or host+nvme")
+    ap.add_argument("--host-budget-gb", type=float, default=0, help="offload modes (0: none)")
+    ap.add_argument("--device-budget-gb", type=float, default=0, help="offload modes (0: none)")
+    ap.add_argument("--swap-dir", default=None, help="offload modes with NVMe")
+    ap.add_argument(
+        "--init-dtype",
+        default="fp32",
+        help="dtype the model is built in (bf16 halves the build's peak for the largest "
+        "models; the fp32 masters then start from bf16 values)",
+    )
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    global OPTIM_FRAC
-    OPTIM_FRAC = a.optim_frac
+    OFFLOAD.update(tier=a.tier, optim_frac=a.optim_frac, swap_dir=a.swap_dir)
+    if a.host_budget_gb:
+        OFFLOAD["host_budget_bytes"] = int(a.host_budget_gb * 1e9)
+    if a.device_budget_gb:
+        OFFLOAD["device_budget_bytes"] = int(a.device_budget_gb * 1e9)
+    init_dtype = {"fp32": None, "bf16": torch.bfloat16}[a.init_dtype]
     comm.init()
     table = modes()
     rows = []
     for m in a.modes.split(","):
         try:
             rows.append(
-                run(m, table[m], a.model, a.ckpt, a.batch, a.seq, a.steps, a.warmup, a.layers)
+                run(
+                    m,
+                    table[m],
+                    a.model,
+                    a.ckpt,
+                    a.batch,
+                    a.seq,
+                    a.steps,
+                    a.warmup,
+                    a.layers,
+                    init_dtype,
+                )
             )
             print(rows[-1], flush=True)
         except Exception:
