@@ -32,8 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
         ),
         (
             lambda: GeminiPlugin(offload_param_frac=0.5),
-            NotImplementedError,
-            "offload_param_frac=0.5",
+            ValueError,
+            "raise offload_optim_frac to at least offload_param_frac",
+        ),
+        (
+            lambda: GeminiPlugin(placement_policy="auto", offload_param_frac=0.5),
+            ValueError,
+            "use placement_policy='static' to offload parameters",
         ),
         (lambda: GeminiPlugin(offload_optim_frac=1.5), ValueError, "optim_frac=1.5; expected 0 <="),
         (lambda: GeminiPlugin(shard_param_frac=0.5), NotImplementedError, "use 1.0"),

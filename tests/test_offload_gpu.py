@@ -1,7 +1,8 @@
 """Offloaded ZeRO on a GPU (skipped without one): the host update through pinned staging
 and copy streams, during backward (step_in_backward) and after it, against ZeRO with
 every state on the device. The host and device kernels round alike but not bit-equally
-(FMA contraction differs), so fp32 runs agree to 1e-5 relative after 10 steps."""
+(FMA contraction differs), so fp32 runs agree to 1e-5 relative after 10 steps. Stage 3
+also with every parameter shard in host memory (param_frac=1)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ def test_host_offload_on_cuda_matches_device(stage):
         Case(stage=stage, tier="host", steps=10, device="cuda"),
         Case(stage=stage, tier="host", eager=True, steps=10, device="cuda"),
     ]
+    if stage == 3:  # parameter shards in pinned host memory, copied up per gather
+        cases.append(
+            Case(stage=3, tier="host", eager=True, param_frac=1.0, steps=10, device="cuda")
+        )
     results = [r[0] for r in run_grid(train, cases, 1, backend="nccl", timeout=240)]
     base = results[0]
     for case, r in zip(cases[1:], results[1:]):
@@ -34,3 +39,5 @@ def test_host_offload_on_cuda_matches_device(stage):
             err = float((got - ref.cpu()).norm() / ref.norm().clamp_min(1e-30))
             assert err < 1e-5, f"{case}: {name} differs by {err:.3g}"
         assert r["report"]["grad_staging@host"][0] > 0, r["report"]  # pinned staging used
+        if case.param_frac:
+            assert r["report"]["params@host"][0] > 0, r["report"]

@@ -3,7 +3,8 @@
 test_offload_zero.py checks the trained values against ZeRO without offload; here: the
 updates really start inside backward, gradient accumulation under no_sync() gives the
 step of the summed gradients, and what the mode cannot do fails with the fix named
-(clipping, fp16 loss scaling, a second backward or zero_grad() before step()).
+(clipping, fp16 loss scaling, a second backward or zero_grad() before step()), and
+parameter offloading below stage 3.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from megalith_offload import OffloadConfig
 from .zero import toy
 
 
-def _shard(eager: bool, precision: str = "fp32"):
+def _shard(eager: bool, precision: str = "fp32", param_frac: float = 0.0):
     model = toy.make_model(0)
     opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
     config = zero.ZeroConfig(
         stage=2,
         precision=precision,
         chunk_bytes=2048,
-        offload=OffloadConfig(tier="host", step_in_backward=eager),
+        offload=OffloadConfig(tier="host", step_in_backward=eager, param_frac=param_frac),
     )
     return zero.shard(model, opt, config)
 
@@ -71,6 +72,10 @@ def _misuse(rank: int) -> dict:
         _shard(True, precision="fp16")
     except ValueError as e:
         out["fp16"] = str(e)
+    try:
+        _shard(False, param_frac=0.5)
+    except ValueError as e:
+        out["param_frac"] = str(e)
     zmodel, zopt = _shard(True)
     x, y = toy.batches(2, 1, 1)[0][0]
     zopt.backward(toy.loss_fn(zmodel, x, y))
@@ -91,6 +96,7 @@ def _misuse(rank: int) -> dict:
 def test_misuse_names_the_fix(world_size):
     for r in run_distributed(_misuse, world_size, timeout=120):
         assert "train in bf16, or set step_in_backward=False" in r["fp16"]
+        assert "use stage=3 or param_frac=0" in r["param_frac"]
         assert "set step_in_backward=False to clip" in r["clip"]
         assert "call step() first" in r["zero_grad"]
         assert "accumulate gradients inside ZeroOptimizer.no_sync()" in r["second"]

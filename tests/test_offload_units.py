@@ -18,6 +18,8 @@ from megalith_offload import ChunkCost, HostTier, OffloadConfig, SwapStore, file
         ({"tier": "gpu"}, "tier='gpu'; expected 'host', 'nvme' or 'host\\+nvme'"),
         ({"tier": "host+nvme"}, "tier='host\\+nvme' needs host_budget_bytes"),
         ({"cpu_threads": 0}, "cpu_threads=0; expected None or an int >= 1"),
+        ({"param_frac": 1.5}, "param_frac=1.5; expected 0 <= param_frac <= 1"),
+        ({"param_frac": 0.5, "placement": "auto"}, "use placement='static' to offload parameters"),
         ({"optim_frac": 1.5}, "optim_frac=1.5; expected 0 <= optim_frac <= 1"),
         ({"optim_frac": -0.1}, "optim_frac=-0.1"),
         ({"device_budget_bytes": -1}, "device_budget_bytes=-1; expected None or an int >= 0"),
@@ -87,6 +89,14 @@ def test_host_then_nvme_fills_the_host_budget_first():
     assert placed(60000, frac=0.5).tiers == ("host", "host", "device", "device")
     with pytest.raises(ValueError, match=r"too small for tier='host\+nvme': .* 48192 in all"):
         placed(48192 - 1)
+
+
+def test_parameters_go_to_the_host_only_with_their_states():
+    p = plan([ChunkCost(3000, 1000, 2000, 8192, params=500)] * 4, OffloadConfig(param_frac=0.5))
+    assert p.params_on_host == (True, True, False, False)
+    assert p.host_bytes == 4 * 3000 + 2 * 500
+    with pytest.raises(ValueError, match=r"first 2 of 4 chunks, but chunk 1 keeps its optimizer"):
+        plan(costs(4), OffloadConfig(optim_frac=0.25, param_frac=0.5))
 
 
 def test_host_tier_accounting_and_limit():

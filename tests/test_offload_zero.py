@@ -32,6 +32,10 @@ def cases(swap: str, world: int) -> list[Case]:
             Case(stage=stage, tier="host", eager=True),  # updated during backward
             Case(stage=stage, tier="nvme", swap_dir=swap),
         ]
+    out += [  # stage 3 parameter shards in host memory, all or half of them
+        Case(stage=3, tier="host", param_frac=1.0, eager=True),
+        Case(stage=3, tier="nvme", param_frac=0.5, swap_dir=swap),
+    ]
     if world == 2:
         out += [
             Case(stage=1),
@@ -66,6 +70,7 @@ def test_offloaded_training_matches_device_training(world_size, tmp_path):
         for name, ref in base["params"].items():
             assert torch.equal(first["params"][name], ref), f"{case}: {name} differs"
         for r in per_rank:
+            assert r["report"].get("params@host", (0, 0))[0] > 0 or not case.param_frac, r
             expect = {"host": {"host"}, "nvme": {"nvme"}, "none": {"device"}}.get(
                 case.tier, {"host", "nvme"}
             )

@@ -17,6 +17,7 @@ class Run:
     plugin: str  # "zero2" or "gemini"
     cpu_offload: bool = False  # zero2
     frac: float = 0.0  # gemini: offload_optim_frac
+    param_frac: float = 0.0  # gemini: offload_param_frac
     nvme: str = ""  # zero2: swap root for states on NVMe
     steps: int = 10
     save_at: int = 0
@@ -26,7 +27,9 @@ class Run:
 
 def make_plugin(run: Run):
     if run.plugin == "gemini":
-        return GeminiPlugin(precision="fp32", offload_optim_frac=run.frac)
+        return GeminiPlugin(
+            precision="fp32", offload_optim_frac=run.frac, offload_param_frac=run.param_frac
+        )
     plugin = LowLevelZeroPlugin(stage=2, precision="fp32", cpu_offload=run.cpu_offload)
     if run.nvme:
         plugin.set_offload(tier="nvme", swap_dir=run.nvme, run_name="booster")

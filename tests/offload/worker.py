@@ -31,6 +31,7 @@ class Case:
     swap_dir: str = ""
     fsize_limit: int = 0  # RLIMIT_FSIZE for this rank while training (0: none)
     eager: bool = False  # OffloadConfig(step_in_backward=True)
+    param_frac: float = 0.0  # OffloadConfig(param_frac=...): stage 3 parameter shards on the host
     device: str = "cpu"  # "cuda": the model and data on the GPU (tests/test_offload_gpu.py)
 
 
@@ -45,6 +46,7 @@ def offload_config(case: Case) -> OffloadConfig | None:
         swap_dir=case.swap_dir or None,
         run_name="test",
         step_in_backward=case.eager,
+        param_frac=case.param_frac,
     )
 
 

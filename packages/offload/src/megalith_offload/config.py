@@ -44,6 +44,12 @@ class OffloadConfig:
     run_name: names the swap directory (megalith-swap-<run_name>-rank<r>-<id>).
     io_threads: threads of the engine's async file I/O.
     direct: use O_DIRECT where the filesystem allows it.
+    param_frac: ZeRO stage 3: the fraction of chunks whose working-parameter shards live
+        in (pinned) host memory instead of on the device (ColossalAI's
+        offload_param_frac; the first chunks go). Each gather copies the shard up first
+        (prefetching hides it); the host update writes the new values there directly.
+        Only chunks whose optimizer states are offloaded can: the first
+        ceil(param_frac * chunks) must be offloaded by optim_frac or the budget.
     step_in_backward: update each host-tier chunk as soon as backward has reduced its
         gradients, on the host while the GPU computes the rest of backward, instead of
         all of them in step(). The result is the same (a chunk's update needs nothing
@@ -69,6 +75,7 @@ class OffloadConfig:
     run_name: str = "megalith"
     io_threads: int = 4
     direct: bool = True
+    param_frac: float = 0.0
     step_in_backward: bool = False
     cpu_threads: int | None = None
 
@@ -87,6 +94,14 @@ class OffloadConfig:
             raise ValueError(f"OffloadConfig: optim_frac={frac!r}; expected 0 <= optim_frac <= 1")
         if not math.isfinite(frac):
             raise ValueError(f"OffloadConfig: optim_frac={frac!r}; expected a finite number")
+        pf = self.param_frac
+        if isinstance(pf, bool) or not isinstance(pf, (int, float)) or not 0 <= pf <= 1:
+            raise ValueError(f"OffloadConfig: param_frac={pf!r}; expected 0 <= param_frac <= 1")
+        if pf and self.placement == "auto":
+            raise ValueError(
+                f"OffloadConfig: param_frac={pf!r} with placement='auto'; automatic placement "
+                "moves optimizer states only: use placement='static' to offload parameters"
+            )
         if self.placement not in PLACEMENTS:
             raise ValueError(
                 f"OffloadConfig: placement={self.placement!r}; expected 'static' or 'auto'"

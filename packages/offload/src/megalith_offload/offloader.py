@@ -42,6 +42,10 @@ class Offloader:
     def tier(self, index: int) -> str:
         return self.tiers[index]
 
+    def params_on_host(self, index: int) -> bool:
+        """Whether the chunk's working-parameter shard lives in host memory (param_frac)."""
+        return bool(self.plan.params_on_host) and self.plan.params_on_host[index]
+
     @property
     def offloaded(self) -> list[int]:
         return [i for i, t in enumerate(self.tiers) if t != "device"]

@@ -39,6 +39,7 @@ class ChunkCost:
     states: int
     swap: int
     step_staging: int = 0
+    params: int = 0  # the working-parameter shard, if offloaded (param_frac; stage 3)
 
 
 #: chunks the host update stages at once (megalith_zero.host_step: gradients of the next
@@ -54,6 +55,7 @@ class Plan:
     device_bytes: int
     host_bytes: int
     nvme_bytes: int
+    params_on_host: tuple[bool, ...] = ()  # per chunk (param_frac)
 
 
 def plan(costs: Sequence[ChunkCost], config: OffloadConfig) -> Plan:
@@ -68,8 +70,11 @@ def plan(costs: Sequence[ChunkCost], config: OffloadConfig) -> Plan:
             tiers[i] = first
         else:
             on_device += costs[i].device
+    params_on_host = _params_on_host(costs, tiers, config.param_frac)
     off = [c for c, t in zip(costs, tiers) if t != "device"]
     masters = sum(c.master for c in off)
+    # offloaded parameters are counted with the masters: neither moves between tiers
+    masters += sum(c.params for c, h in zip(costs, params_on_host) if h)
     # the host update's staging is counted with the masters: every offloaded chunk needs it
     masters += HOST_STEP_SLOTS * max((c.step_staging for c in off), default=0)
     if config.tier == "host+nvme":
@@ -83,7 +88,20 @@ def plan(costs: Sequence[ChunkCost], config: OffloadConfig) -> Plan:
     _check_host(config, off, masters, slot_bytes, host)
     if swapped and config.host_budget_bytes is not None and host > config.host_budget_bytes:
         slots, host = 1, host - slot_bytes  # fits one staging buffer: no overlap
-    return Plan(tuple(tiers), slots, slot_bytes, on_device, host, nvme)
+    return Plan(tuple(tiers), slots, slot_bytes, on_device, host, nvme, params_on_host)
+
+
+def _params_on_host(costs: Sequence[ChunkCost], tiers: list[str], frac: float) -> tuple[bool, ...]:
+    n_params = min(len(costs), math.ceil(frac * len(costs) - 1e-9))
+    kept = [i for i in range(n_params) if tiers[i] == "device"]
+    if kept:
+        raise ValueError(
+            f"OffloadConfig: param_frac={frac} offloads the parameters of the first {n_params} "
+            f"of {len(costs)} chunks, but chunk {kept[0]} keeps its optimizer states on the "
+            "device, whose kernel cannot write host parameters; offload those states too "
+            "(optim_frac >= param_frac) or lower param_frac"
+        )
+    return tuple(i < n_params for i in range(len(costs)))
 
 
 def _spill_to_host(costs: Sequence[ChunkCost], tiers: list[str], room: int) -> None:

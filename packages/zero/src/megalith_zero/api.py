@@ -160,6 +160,12 @@ def shard(
             f"megalith_zero.shard: model_parallel={model_parallel!r}; expected None or "
             "megalith_zero.ModelParallel(group, weight)"
         )
+    if config.offload is not None and config.offload.param_frac and config.stage != 3:
+        raise ValueError(
+            f"megalith_zero.shard: OffloadConfig(param_frac={config.offload.param_frac}) at "
+            f"stage {config.stage}; only stage 3 keeps parameters sharded, so only it can "
+            "keep shards in host memory: use stage=3 or param_frac=0"
+        )
     if config.offload is not None and config.offload.step_in_backward and config.scales_loss:
         raise ValueError(
             "megalith_zero.shard: OffloadConfig(step_in_backward=True) with fp16 loss scaling: "
@@ -208,6 +214,7 @@ def shard(
             spec.group >= 0,
             offloader.tier(plan_index[spec.index]) if spec.index in plan_index else "device",
             offloader,
+            spec.index in plan_index and offloader.params_on_host(plan_index[spec.index]),
         )
         for spec in layout.chunks
     ]

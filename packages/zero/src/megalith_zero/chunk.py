@@ -48,6 +48,7 @@ class FlatChunk:
         trainable: bool,
         tier: str = "device",
         offloader: Any = None,
+        params_on_host: bool = False,
     ):
         self.spec = spec
         self.params = params
@@ -64,8 +65,12 @@ class FlatChunk:
         device = memory.device
         n, s = spec.numel, spec.shard_numel
 
+        #: stage 3 with param_frac: the shard lives in host memory, copied up per gather
+        self.params_on_host = params_on_host
+        self._gather_src: torch.Tensor | None = None
         if self.stage == 3:
-            self.shard = memory.zeros("params", s, wd)
+            owner = offloader.host if params_on_host else memory
+            self.shard = owner.zeros("params", s, wd)
             self.full = torch.zeros(n, dtype=wd, device=device)
             self._storage = self.full.untyped_storage()
             self._full_bytes = self._storage.nbytes()
@@ -119,9 +124,13 @@ class FlatChunk:
         self._storage.resize_(self._full_bytes)
         self.memory.gathered.add(self._full_bytes)
         self.is_gathered = True
-        return comm.all_gather(self.full, self.shard, group=group, async_op=True)
+        src = self.shard
+        if src.device != self.full.device:  # offloaded: up first, on the caller's stream
+            src = self._gather_src = src.to(self.full.device, non_blocking=True)
+        return comm.all_gather(self.full, src, group=group, async_op=True)
 
     def release(self) -> None:
+        self._gather_src = None
         if self.stage == 3 and self.is_gathered:
             self._storage.resize_(0)
             self.memory.gathered.add(-self._full_bytes)

@@ -19,7 +19,9 @@ from .chunk import FlatChunk
 def gathered_chunk(chunk: FlatChunk, group: comm.ProcessGroup) -> torch.Tensor:
     """The chunk's full fp32 values (trainable: the master; frozen: the working params)."""
     src = chunk.master if chunk.trainable else chunk.shard
-    src = src.to(chunk.shard.device)  # an offloaded master is on the host: gather where comm is
+    src = src.to(
+        chunk.full.device
+    )  # offloaded masters (and params) are on the host: gather where comm is
     out = torch.empty(chunk.spec.numel, dtype=src.dtype, device=src.device)
     comm.all_gather(out, src.contiguous(), group=group)
     return out if out.dtype == torch.float32 else out.float()

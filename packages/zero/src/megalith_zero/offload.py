@@ -71,6 +71,7 @@ def make_offloader(
                 states=FLOAT * s * n_states,
                 swap=mo.file_bytes(s, n_states),
                 step_staging=s * (wd + rd),
+                params=s * wd,
             )
         )
     # Pinned host memory only pays off (and only exists) beside a GPU.

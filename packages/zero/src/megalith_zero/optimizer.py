@@ -298,6 +298,8 @@ class ZeroOptimizer:
         c.ensure_states(names)
 
         def work(grads: torch.Tensor, params: torch.Tensor) -> None:
+            # parameters kept in host memory are written in place: nothing goes up
+            out = c.shard if c.params_on_host else params
             for step, sl, _ in pieces:
                 self.rule.apply(
                     group,
@@ -305,11 +307,12 @@ class ZeroOptimizer:
                     [c.master[sl]],
                     [grads[sl]],
                     {n: [c.states[n][sl]] for n in names},
-                    [params[sl]],
+                    [out[sl]],
                     grad_scale,
                 )
 
-        self.stepper.submit(c, work, [sl for _, sl, _ in pieces])
+        up = [] if c.params_on_host else [sl for _, sl, _ in pieces]
+        self.stepper.submit(c, work, up)
 
     @property
     def _updated_in_backward(self) -> bool:

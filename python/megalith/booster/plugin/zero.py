@@ -199,8 +199,9 @@ class GeminiPlugin(_ZeroPlugin):
     masters and states on the host while it measures the step's device memory, then
     the chunks that fit under steady_cuda_cap_ratio of the device move back to it
     (megalith_offload's auto placement; on CPU ranks give the simulated device's size
-    with set_offload(placement="auto", device_budget_bytes=...)). offload_param_frac is
-    not there yet."""
+    with set_offload(placement="auto", device_budget_bytes=...)). offload_param_frac keeps
+    that fraction of the chunks' parameter shards in host memory (at most
+    offload_optim_frac: the host kernel writes them)."""
 
     stage = 3
 
@@ -235,12 +236,6 @@ class GeminiPlugin(_ZeroPlugin):
                 f"GeminiPlugin: steady_cuda_cap_ratio={steady_cuda_cap_ratio}; the fraction of "
                 "the device's memory auto placement may fill, in (0, 1]"
             )
-        if offload_param_frac:
-            raise NotImplementedError(
-                f"GeminiPlugin: offload_param_frac={offload_param_frac}; parameter offloading is not "
-                "implemented in megalith-offload yet (optimizer states are: offload_optim_frac); "
-                "use offload_param_frac=0.0"
-            )
         if shard_param_frac != 1.0:
             raise NotImplementedError(
                 f"GeminiPlugin: shard_param_frac={shard_param_frac}; megalith shards all parameters at stage 3 "
@@ -270,8 +265,23 @@ class GeminiPlugin(_ZeroPlugin):
                     "placement_policy='auto'; auto placement decides the fraction itself "
                     "(leave offload_optim_frac at 0.0, or use placement_policy='static')"
                 )
+            if offload_param_frac:
+                raise ValueError(
+                    f"GeminiPlugin: offload_param_frac={offload_param_frac} with "
+                    "placement_policy='auto'; auto placement moves optimizer states only "
+                    "(use placement_policy='static' to offload parameters)"
+                )
             self.set_offload(
                 tier="host", optim_frac=1.0, placement="auto", headroom=1.0 - steady_cuda_cap_ratio
             )
-        elif offload_optim_frac:
-            self.set_offload(tier="host", optim_frac=offload_optim_frac)
+        elif offload_optim_frac or offload_param_frac:
+            if offload_param_frac > offload_optim_frac:
+                raise ValueError(
+                    f"GeminiPlugin: offload_param_frac={offload_param_frac} > offload_optim_frac="
+                    f"{offload_optim_frac}; a chunk's parameters can live in host memory only "
+                    "where its optimizer states do (the host kernel writes them): raise "
+                    "offload_optim_frac to at least offload_param_frac"
+                )
+            self.set_offload(
+                tier="host", optim_frac=offload_optim_frac, param_frac=offload_param_frac
+            )
