@@ -75,3 +75,68 @@ def test_send_recv_structures_and_metadata_cache():
     got = {"metadata_sent": 0, "metadata_received": 1}
     assert seen[1] == {"first": got, "same": never, "changed": got, "after": never}
     assert seen[2] == {"tuple": got, "tuple again": never, "list": got}
+
+
+def early_receives(rank: int) -> dict:
+    """recv(async_op=True) posted before the peer sends: SAME, a smaller tensor (CHANGED,
+    as a pipeline's last micro-batch) and a tuple, each posted after the previous wait."""
+    messages = [
+        torch.arange(6.0),
+        torch.arange(6.0) + 1,
+        torch.arange(4.0),
+        (torch.ones(2), torch.arange(3)),
+    ]
+    seen = {}
+    if rank == 0:
+        comm.send(torch.zeros(6), dst=1)  # structure cached at both ends
+        for i, message in enumerate(messages):
+            comm.barrier()  # the receiver has posted
+            _, seen[i] = counted(lambda m=message: comm.send(m, dst=1, async_op=True).wait())
+        return seen
+    comm.recv(src=0)
+    for i, message in enumerate(messages):
+        handle = comm.recv(src=0, async_op=True)
+        comm.barrier()
+        got, seen[i] = counted(handle.wait)
+        expected = message if isinstance(message, tuple) else (message,)
+        got = got if isinstance(got, tuple) else (got,)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected)), (i, got)
+    return seen
+
+
+@pytest.mark.timeout(90)
+def test_early_receive_follows_structure_changes():
+    sent, received = run_distributed(early_receives, 2, timeout=80)
+    never, once = (
+        {"metadata_sent": 0, "metadata_received": 0},
+        {"metadata_sent": 1, "metadata_received": 0},
+    )
+    assert sent == {0: never, 1: never, 2: once, 3: once}
+    got = {"metadata_sent": 0, "metadata_received": 1}
+    assert received == {0: never, 1: never, 2: got, 3: got}
+
+
+def same_sends_make_no_tensor(rank: int) -> int | None:
+    """A send of a cached structure creates no tensor (on CUDA: no host-to-device copy)."""
+    if rank == 1:
+        for _ in range(4):
+            comm.recv(src=0)
+        return None
+    a = torch.ones(5)
+    comm.send(a, dst=1)
+    comm.send(a, dst=1)  # the first SAME message makes the device's SAME header
+    made = []
+    real = torch.tensor
+    torch.tensor = lambda *args, **kw: made.append(args) or real(*args, **kw)
+    try:
+        comm.send(a, dst=1)
+        comm.send(a + 1, dst=1, async_op=True).wait()
+    finally:
+        torch.tensor = real
+    assert p2p._same_header(a.device) is p2p._same_header(a.device)
+    return len(made)
+
+
+@pytest.mark.timeout(60)
+def test_same_structure_send_creates_no_tensor():
+    assert run_distributed(same_sends_make_no_tensor, 2, timeout=50)[0] == 0

@@ -33,21 +33,18 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
 
 
-def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-
-
 def pipeline_equals_whole_model(rank: int, schedule: str) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dev = comm.get_world().device
-    ref = models.tiny_gpt2(6).to(dev)
-    pipe = Pipeline(models.tiny_gpt2(6), num_microbatches=4, schedule=schedule, loss_fn=loss_fn)
+    loss_fn = torch.nn.functional.mse_loss
+    ref = models.mlp(8).to(dev)
+    pipe = Pipeline(models.mlp(8), num_microbatches=4, schedule=schedule, loss_fn=loss_fn)
     pipe.module.to(dev)
     worst = {"loss": 0.0, "grad": 0.0}
     for step in range(2):  # the second step starts with every structure cached
         g = torch.Generator().manual_seed(step)
-        x, y = (torch.randint(0, 32, (7, 8), generator=g).to(dev) for _ in range(2))
+        x, y = torch.randn(7, 4, generator=g).to(dev), torch.randn(7, 3, generator=g).to(dev)
         ref_loss = loss_fn(ref(x), y)
         ref_loss.backward()
         loss = pipe.step(x, y)
@@ -80,18 +77,26 @@ def recv_behind_long_kernel(rank: int) -> dict:
         torch.cuda.synchronize()
         comm.barrier()
         return {}
-    torch.cuda.synchronize()
     busy = torch.ones(1024, device=dev)
+    (busy + busy).mul_(3)  # loads these kernels now: a kernel's first (lazy) load syncs the GPU
+    torch.cuda.synchronize()
     start = time.perf_counter()
     torch.cuda._sleep(2_000_000_000)  # about a second of GPU time, queued on the compute stream
     busy.mul_(3)
+    queued = time.perf_counter() - start
     got = comm.recv(src=0)
     returned = time.perf_counter() - start
     total = got + busy  # ordered after the sleep, on the compute stream
     torch.cuda.synchronize()
     finished = time.perf_counter() - start
     comm.barrier()
-    return {"returned": returned, "finished": finished, "value": total[0].item()}
+    return {
+        "queued": queued,
+        "returned": returned,
+        "finished": finished,
+        "value": total[0].item(),
+        "stream": str(torch.cuda.current_stream()),
+    }
 
 
 @pytest.mark.timeout(120)

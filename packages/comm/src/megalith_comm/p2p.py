@@ -2,7 +2,8 @@
 
 [Note: the p2p protocol]
 Each (group, peer, tag) direction keeps the structure (container kind, shapes,
-dtypes) of its last message at both ends, so the two ends always agree on it.
+dtypes, and the sender's `note`: a few ints the receiver reads on the host) of its
+last message at both ends, so the two ends always agree on it.
 Every message starts with a 2-int64 header (flag, metadata length):
 - NEW (no structure cached yet): header; then the metadata (int64); then the data.
 - SAME: header and data go as one batch; the receiver posts the data buffers in the
@@ -41,12 +42,20 @@ So on CUDA:
 - The caller's stream waits on the receive's CUDA event before it uses the data
   (Handle.wait orders it, the host does not block), and the buffers are marked as
   used on the caller's stream so that the allocator reuses them only after it.
+- Making a link sends one probe message over it: NCCL connects a pair at its first
+  message and holds both hosts until the peer's call, which must not happen to a
+  receive posted early. `connect` makes a set of links in one order on every rank.
+- A receive posted long before the peer sends is a kernel waiting on the link's
+  stream. Whatever synchronises the whole GPU meanwhile (a kernel's first, lazy,
+  load; cudaFree) waits for the peer too: with both ranks doing it, they deadlock.
+  megalith_pipeline therefore posts early only on CPU ranks by default.
+Links are freed at process exit; megalith_comm.destroy() does not abort them.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -61,7 +70,8 @@ from .handle import Handle, StreamWork, launch
 NEW, SAME, CHANGED = 1, 2, 3
 _KINDS = (torch.Tensor, tuple, list)
 
-Structure = tuple[int, tuple[tuple[tuple[int, ...], torch.dtype], ...]]
+# (container kind, ((shape, dtype) per tensor), note)
+Structure = tuple[int, tuple[tuple[tuple[int, ...], torch.dtype], ...], tuple[int, ...]]
 # How often metadata went out / came in (tests check that the cache skips it).
 STATS = {"metadata_sent": 0, "metadata_received": 0}
 # Per group: {(peer, tag): structure} for each direction; dropped with the group.
@@ -73,7 +83,7 @@ _links: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _same_headers: dict[torch.device, torch.Tensor] = {}
 
 
-def _structure(obj: Any) -> tuple[Structure, list[torch.Tensor]]:
+def _structure(obj: Any, note: Sequence[int] = ()) -> tuple[Structure, list[torch.Tensor]]:
     if isinstance(obj, torch.Tensor):
         kind, tensors = 0, [obj]
     elif isinstance(obj, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in obj):
@@ -85,15 +95,16 @@ def _structure(obj: Any) -> tuple[Structure, list[torch.Tensor]]:
     for t in tensors:
         if t.dtype not in DTYPES:
             raise TypeError(f"send: dtype {t.dtype} cannot be sent")
-    return (kind, tuple((tuple(t.shape), t.dtype) for t in tensors)), tensors
+    items = tuple((tuple(t.shape), t.dtype) for t in tensors)
+    return (kind, items, tuple(int(v) for v in note)), tensors
 
 
 def _encode(structure: Structure) -> list[int]:
-    kind, items = structure
+    kind, items, note = structure
     out = [kind, len(items)]
     for shape, dtype in items:
         out += [DTYPES.index(dtype), len(shape), *shape]
-    return out
+    return [*out, len(note), *note]
 
 
 def _decode(meta: list[int]) -> Structure:
@@ -102,7 +113,7 @@ def _decode(meta: list[int]) -> Structure:
         dtype, ndim = DTYPES[meta[i]], meta[i + 1]
         items.append((tuple(meta[i + 2 : i + 2 + ndim]), dtype))
         i += 2 + ndim
-    return kind, tuple(items)
+    return kind, tuple(items), tuple(meta[i + 1 : i + 1 + meta[i]])
 
 
 def _empty(structure: Structure, device: torch.device) -> list[torch.Tensor]:
@@ -138,6 +149,12 @@ class _Link:
         self.comm = nccl.create_communicator(pair, device)
         self.device = device
         self.stream = torch.cuda.Stream(device)  # this direction's messages, in order
+        # NCCL (blocking mode) connects a pair at its first message, holding both hosts
+        # until the peer's matching call: done here, while both ends are making the link,
+        # so that no later receive posted early blocks its host until the peer sends.
+        probe = torch.zeros(1, device=device)
+        for work in self.post([probe]):
+            work.synchronize()
 
     def post(self, tensors: list[torch.Tensor]) -> list[StreamWork]:
         """Posts tensors as one NCCL group; a send first waits for the caller's stream."""
@@ -263,15 +280,22 @@ def _exchange(g: ProcessGroup, device: torch.device, what: str, peer: int, tag: 
 
 
 def send(
-    obj: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0, async_op: bool = False
+    obj: Any,
+    dst: int,
+    group: ProcessGroup | None = None,
+    tag: int = 0,
+    async_op: bool = False,
+    note: Sequence[int] = (),
 ) -> Handle | None:
     """Sends a tensor or a tuple/list of tensors to global rank dst (blocking).
 
     async_op=True returns a Handle at once; wait() on it before changing the tensors.
+    note: ints the receiver gets on the host (recv(with_note=True)) without reading a
+    device tensor; cached with the structure, so a repeated note costs nothing.
     """
     g = resolve(group)
     peer = _peer(g, "send", "dst", dst)
-    structure, tensors = _structure(obj)
+    structure, tensors = _structure(obj, note)
     devices = {t.device for t in tensors} or {g.world.device}
     if len(devices) != 1:
         raise ValueError(
@@ -321,7 +345,7 @@ class _Receive:
         if device.type == "cuda":
             me, src = g.world.rank, g.global_rank(peer)
             self.stream = _link(g, device, src, me).stream
-        self.header = _alloc((0, (((2,), torch.int64),)), device, self.stream)[0]
+        self.header = _alloc((0, (((2,), torch.int64),), ()), device, self.stream)[0]
         self.bufs = _alloc(self.cached, device, self.stream) if self.cached is not None else []
         self.works = self._post([self.header, *self.bufs])
 
@@ -331,23 +355,24 @@ class _Receive:
     def _values(self, t: torch.Tensor, works: list[Any]) -> list[int]:
         return _host_values(self.g, self.what, t, works, self.stream)
 
-    def finish(self) -> Any:
+    def finish(self) -> tuple[Any, tuple[int, ...]]:
+        """The message and its note."""
         flag, meta_len = self._values(self.header, self.works)
         if flag == SAME and self.cached is not None:
             # on Gloo, the header's wait waited for the whole batch (a second wait would hang)
             _hand_over(self.bufs, self.works if self.stream is not None else [], self.device)
-            return _pack(self.cached, self.bufs)
+            return _pack(self.cached, self.bufs), self.cached[2]
         if flag not in (NEW, CHANGED):
             raise RuntimeError(
                 f"{self.what}: unexpected p2p header {flag} (send/recv calls out of step?)"
             )
-        meta = _alloc((0, (((meta_len,), torch.int64),)), self.device, self.stream)[0]
+        meta = _alloc((0, (((meta_len,), torch.int64),), ()), self.device, self.stream)[0]
         structure = _decode(self._values(meta, self._post([meta])))
         STATS["metadata_received"] += 1
         bufs = _alloc(structure, self.device, self.stream)
         _hand_over(bufs, self._post(bufs), self.device)
         self.cache[self.key] = structure
-        return _pack(structure, bufs)
+        return _pack(structure, bufs), structure[2]
 
 
 def recv(
@@ -356,20 +381,28 @@ def recv(
     tag: int = 0,
     device: torch.device | str | None = None,
     async_op: bool = False,
+    with_note: bool = False,
 ) -> Any:
-    """Receives what global rank src sent with the same tag (a tensor, tuple or list).
+    """Receives what global rank src sent with the same tag (a tensor, tuple or list);
+    with_note=True: (message, the sender's note).
 
-    async_op=True posts the receive and returns a Handle whose wait() returns the
-    message; receives from one (src, tag) must be waited for in the order posted.
+    async_op=True posts the receive and returns a Handle whose wait() returns what
+    recv would. Post the next receive from a src after waiting for the previous one:
+    a receive posted early takes the structure cached when it is posted.
     """
     g = resolve(group)
     peer = _peer(g, "recv", "src", src)
     device = torch.device(device) if device is not None else g.world.device
     what = f"recv from rank {src} (tag {tag}) on group {g.name!r}"
     receive = _Receive(g, peer, tag, device, what)
+
+    def result() -> Any:
+        obj, got_note = receive.finish()
+        return (obj, got_note) if with_note else obj
+
     if not async_op:
-        return receive.finish()
-    handle = Handle(g, what, then=[lambda: setattr(handle, "result", receive.finish())])
+        return result()
+    handle = Handle(g, what, then=[lambda: setattr(handle, "result", result())])
     return handle
 
 

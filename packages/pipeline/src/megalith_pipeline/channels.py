@@ -8,7 +8,9 @@ Micro-batches cross every channel in ascending order, so the order of sends is
 the order of receives.
 
 An activation message is its tensors plus a few bytes of JSON spec (containers,
-dict keys, which tensors require grad; tree.py). A gradient message is the
+dict keys, which tensors require grad; tree.py), sent as the message's note
+(megalith_comm.send(note=...)): cached with the shapes at both ends and read on
+the host, so neither end copies it between host and GPU. A gradient message is the
 gradients of just the tensors that required grad, so it needs no spec: both ends
 know the list from the activation. Sends are asynchronous (a Gloo send completes
 only once the peer receives, and neighbours send to each other at the same
@@ -28,12 +30,14 @@ peer will send is posted (megalith_comm's recv(async_op=True)): with the structu
 cached, its buffers are posted too, so the data moves while this rank computes and
 the pass that needs it finds it there. A gradient is posted early only once this
 rank sent the activation it answers, since only then is it known to come at all
-(an activation with nothing requiring grad gets none back). On CUDA the links to
-every peer are made together at the first step (megalith_comm.p2p.connect).
+(an activation with nothing requiring grad gets none back). Early receives are on
+by default on CPU ranks only (Channels.early says why). On CUDA the links to every
+peer are made together at the first step (megalith_comm.p2p.connect).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -43,6 +47,8 @@ import megalith_comm as comm
 
 from .schedule import BACKWARD, FORWARD, INPUT_GRAD, Schedule
 from .tree import decode_spec, encode_spec, flatten, unflatten
+
+Message = tuple[list[torch.Tensor], tuple[int, ...]]  # tensors, note (an activation's spec)
 
 
 class Channels:
@@ -55,8 +61,16 @@ class Channels:
         self.group = group
         self.rank = group.rank
         self.set_device(device)
-        self._local: dict[tuple[int, int], Any] = {}  # (tag, mb) -> message, same-rank stages
-        self._early: dict[tuple[int, int], list[torch.Tensor]] = {}  # received ahead of need
+        # See [Note: early receives]: on by default on CPU only; MEGALITH_PIPELINE_EARLY_RECV=1|0
+        # overrides it. On CUDA an early receive is an NCCL kernel waiting on its stream for
+        # the peer, and a kernel's first (lazy) load synchronises the whole GPU: on two H200s
+        # both ranks then waited on each other within the first step. It ran with
+        # CUDA_MODULE_LOADING=EAGER, but no faster than receiving when needed there (the
+        # host no longer waits for compute at a receive, so transfers overlap anyway).
+        self.early_env = os.environ.get("MEGALITH_PIPELINE_EARLY_RECV")
+        # (tag, mb) -> (tensors, note): messages between same-rank stages, and received ones
+        self._local: dict[tuple[int, int], Message] = {}
+        self._early: dict[tuple[int, int], Message] = {}  # received ahead of need
         self._incoming: dict[int, list[tuple[int, int]]] = {}  # pp rank -> its (tag, mb) to us
         self._next: dict[int, int] = {}  # pp rank -> index of its next message to receive
         self._posted: dict[int, tuple[tuple[int, int], comm.Handle]] = {}  # early receives
@@ -72,6 +86,13 @@ class Channels:
     def set_device(self, device: torch.device) -> None:
         """Where received tensors are allocated (the stages' device)."""
         self.device = device
+
+    @property
+    def early(self) -> bool:
+        """Whether receives are posted before they are needed ([Note: early receives])."""
+        if self.early_env:
+            return self.early_env != "0"
+        return self.device.type != "cuda"
 
     def begin(self, train: bool) -> None:
         """Starts a step: what each peer will send this rank, in its order (forward-only
@@ -123,13 +144,18 @@ class Channels:
         r = self.schedule.rank_of(stage)
         return None if r == self.rank else self.group.global_rank(r)
 
-    def _send(self, stage_to: int, tag: int, mb: int, message: list[torch.Tensor]) -> None:
+    def _send(
+        self, stage_to: int, tag: int, mb: int, tensors: list[torch.Tensor], note: bytes = b""
+    ) -> None:
         peer = self._peer(stage_to)
         if peer is None:
-            self._local[(tag, mb)] = message
+            self._local[(tag, mb)] = (tensors, tuple(note))
             return
         self.sent[(tag, mb)] = time.perf_counter()
-        self._pending.append(comm.send(message, dst=peer, group=self.group, tag=tag, async_op=True))
+        handle = comm.send(
+            tensors, dst=peer, group=self.group, tag=tag, async_op=True, note=tuple(note)
+        )
+        self._pending.append(handle)
         if tag % 2 == 0:  # its gradient, if it needs one, can now be posted early
             self._post_next(self.schedule.rank_of(stage_to))
         done = [h for h in self._pending if h.is_completed()]
@@ -137,7 +163,7 @@ class Channels:
             h.wait()
         self._pending = [h for h in self._pending if h not in done]
 
-    def _recv(self, stage_from: int, tag: int, mb: int) -> list[torch.Tensor]:
+    def _recv(self, stage_from: int, tag: int, mb: int) -> Message:
         peer = self._peer(stage_from)
         if peer is None:
             return self._local.pop((tag, mb))
@@ -150,11 +176,11 @@ class Channels:
                 )
             key, handle = self._posted.pop(src)
             start = time.perf_counter()
-            message = handle.wait()
+            tensors, note = handle.wait()
             end = time.perf_counter()
             self.recv_wait_s += end - start
             self.received[key] = (start, end)
-            self._early[key] = list(message)
+            self._early[key] = (list(tensors), note)
             self._post_next(src)  # see [Note: early receives]
         return self._early.pop((tag, mb))
 
@@ -169,11 +195,13 @@ class Channels:
         if self._next.get(src, 0) >= len(seq):
             return False
         tag, mb = key = seq[self._next[src]]
-        if not now and tag % 2 == 1 and (tag - 1, mb) not in self.sent:
+        if not now and (not self.early or (tag % 2 == 1 and (tag - 1, mb) not in self.sent)):
             return False
         self._next[src] += 1
         peer = self.group.global_rank(src)
-        handle = comm.recv(src=peer, group=self.group, tag=tag, device=self.device, async_op=True)
+        handle = comm.recv(
+            src=peer, group=self.group, tag=tag, device=self.device, async_op=True, with_note=True
+        )
         self._posted[src] = (key, handle)
         return True
 
@@ -182,18 +210,18 @@ class Channels:
         """Sends stage's output for mb to stage + 1; returns the outputs that require grad."""
         tensors, spec = flatten(obj)
         flags = [t.requires_grad for t in tensors]
-        message = [t.detach() for t in tensors] + [encode_spec(spec, flags)]
+        spec_bytes = encode_spec(spec, flags).numpy().tobytes()
         if not any(flags):  # stage + 1 will send no gradient back for this mb
             self._no_grads.add((2 * stage + 1, mb))
-        self._send(stage + 1, 2 * stage, mb, message)
+        self._send(stage + 1, 2 * stage, mb, [t.detach() for t in tensors], spec_bytes)
         return [t for t, f in zip(tensors, flags) if f]
 
     def recv_activation(self, stage: int, mb: int) -> tuple[Any, list[torch.Tensor]]:
         """Stage's input for mb (as the previous stage returned it), and its leaves that
         require grad (whose .grad the backward pass sends back)."""
-        message = self._recv(stage - 1, 2 * (stage - 1), mb)
-        spec, flags = decode_spec(message[-1])
-        tensors = [t.detach().requires_grad_(f) for t, f in zip(message[:-1], flags)]
+        received, note = self._recv(stage - 1, 2 * (stage - 1), mb)
+        spec, flags = decode_spec(torch.tensor(note, dtype=torch.uint8))
+        tensors = [t.detach().requires_grad_(f) for t, f in zip(received, flags)]
         return unflatten(spec, tensors), [t for t, f in zip(tensors, flags) if f]
 
     # -- gradients ----------------------------------------------------------
@@ -206,7 +234,7 @@ class Channels:
         """The gradients of stage's `count` outputs that require grad, from stage + 1."""
         if count == 0:
             return []
-        return self._recv(stage + 1, 2 * stage + 1, mb)
+        return self._recv(stage + 1, 2 * stage + 1, mb)[0]
 
     def wait(self) -> None:
         """Finishes every send still in flight (and any receive posted early but not

@@ -32,6 +32,7 @@ class StepStats:
     spans: list[Span] = field(default_factory=list)
     sent: dict[tuple[int, int], float] = field(default_factory=dict)  # (tag, mb) -> posted
     received: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+    gpu_time: bool = False  # spans from CUDA events (CudaClock)
 
     @property
     def wall_s(self) -> float:
@@ -86,6 +87,7 @@ class CudaClock:
             (k, s, mb, self._host(t0), self._host(t1)) for k, s, mb, t0, t1 in stats.spans
         ]
         stats.end = self._host(end)
+        stats.gpu_time = True
 
 
 def clock_for(device: torch.device) -> HostClock | CudaClock:
@@ -102,7 +104,10 @@ def measured_bubble(ranks: Sequence[StepStats]) -> float:
 
 def comm_latency(ranks: Sequence[StepStats]) -> float:
     """Mean time from a send's post to its arrival, over messages the receiver was
-    already waiting for (so the time is transit, not the receiver being busy)."""
+    already waiting for (so the time is transit, not the receiver being busy). On GPUs
+    a send is posted when the host queues it, long before its data exists, so there
+    the host sees no transit: 0 (ranks with gpu_time are left out)."""
+    ranks = [s for s in ranks if not s.gpu_time]
     sent = {k: t for s in ranks for k, t in s.sent.items()}
     hops = [
         end - sent[k]
