@@ -191,6 +191,9 @@ def destroy() -> None:
         world.heartbeat.stop()
     if world.restore_excepthook is not None:
         world.restore_excepthook()
+    from .p2p import close_links  # p2p builds on the groups: imported late
+
+    close_links()
     for group in world.groups.values():
         group._close()
     world.groups.clear()

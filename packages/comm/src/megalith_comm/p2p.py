@@ -49,7 +49,7 @@ So on CUDA:
   stream. Whatever synchronises the whole GPU meanwhile (a kernel's first, lazy,
   load; cudaFree) waits for the peer too: with both ranks doing it, they deadlock.
   megalith_pipeline therefore posts early only on CPU ranks by default.
-Links are freed at process exit; megalith_comm.destroy() does not abort them.
+megalith_comm.destroy() aborts every link (close_links) before the groups go.
 """
 
 from __future__ import annotations
@@ -181,6 +181,18 @@ def _link(g: ProcessGroup, device: torch.device, sender: int, receiver: int) -> 
     if link is None:
         link = links[(sender, receiver)] = _Link(g, device, sender, receiver)
     return link
+
+
+def close_links() -> None:
+    """Aborts every CUDA link's communicator (megalith_comm.destroy() calls it): a receive
+    still posted on one then fails instead of holding the process at exit."""
+    for links in list(_links.values()):
+        for link in links.values():
+            try:
+                link.comm.abort()
+            except Exception:  # leaving: a link already broken is fine
+                pass
+    _links.clear()
 
 
 def connect(
