@@ -61,6 +61,8 @@ class Executor:
         self.channels = channels
         self.loss_fn = loss_fn
         self.last = schedule.num_stages - 1
+        self._clock: Any = None  # per device, kept across steps (stats.py)
+        self._clock_device: torch.device | None = None
 
     @contextlib.contextmanager
     def _stage_errors(self, a: Action, what: str) -> Iterator[None]:
@@ -98,7 +100,9 @@ class Executor:
         self._live: dict[tuple[int, int], _Live] = {}
         self._loss: torch.Tensor | None = None
         results: dict[int, Any] = {}
-        self._clock = clock_for(self.channels.device)  # GPU time on CUDA (stats.py)
+        if self._clock is None or self._clock_device != self.channels.device:
+            self._clock = clock_for(self.channels.device)  # GPU time on CUDA (stats.py)
+            self._clock_device = self.channels.device
         stats = StepStats(start=self._clock.start())
         self.channels.begin(train)
         with torch.set_grad_enabled(train):

@@ -29,7 +29,7 @@ from .partition import Partition, partition
 from .schedule import Schedule
 from .schedules import make_schedule
 from .stage import StageModule
-from .stats import StepStats
+from .stats import StepStats, resolved
 from .tree import split_microbatches
 
 NoSync = Callable[[], Any]
@@ -117,7 +117,7 @@ class Pipeline:
         )
         self.channels = Channels(schedule, self.group, self._device())
         self.executor = Executor(schedule, self.rank, self.stages, self.channels, loss_fn)
-        self.last_stats: StepStats | None = None
+        self._last_stats: StepStats | None = None
 
     def set_num_microbatches(self, num_microbatches: int) -> None:
         """Runs later steps with another micro-batch count (same schedule kind, same stages:
@@ -139,6 +139,11 @@ class Pipeline:
         """Where this rank's stages compute (their parameters may be materialised late)."""
         devices = {p.device for p in self.module.parameters() if p.device.type != "meta"}
         return devices.pop() if len(devices) == 1 else self.world.device
+
+    @property
+    def last_stats(self) -> StepStats | None:
+        """Timings of the last step (on CUDA read from its events now: see stats.py)."""
+        return resolved(self._last_stats)
 
     @property
     def is_first(self) -> bool:
@@ -196,7 +201,9 @@ class Pipeline:
                 "have already consumed; untie them or keep them on one stage"
             )
         mbs, tgs, weights = self._split(inputs, targets)
-        loss, _, self.last_stats = self.executor.run(mbs, tgs, weights, train=True, no_sync=no_sync)
+        loss, _, self._last_stats = self.executor.run(
+            mbs, tgs, weights, train=True, no_sync=no_sync
+        )
         self.tied.reduce_grads()
         if no_sync is None and self.dp_group is not None and self.dp_group.size > 1:
             reduce_dp(self.module, self.dp_group)
@@ -208,7 +215,7 @@ class Pipeline:
         if self.loss_fn is None:
             raise ValueError("Pipeline.eval_step needs loss_fn; use forward() for outputs")
         mbs, tgs, weights = self._split(inputs, targets)
-        loss, _, self.last_stats = self.executor.run(mbs, tgs, weights, train=False)
+        loss, _, self._last_stats = self.executor.run(mbs, tgs, weights, train=False)
         return self._share_loss(loss)
 
     @torch.no_grad()
@@ -216,7 +223,7 @@ class Pipeline:
         """The last stage's output per micro-batch, on the loss rank (None elsewhere)."""
         mbs, _, weights = self._split(inputs, None)
         executor = Executor(self.schedule, self.rank, self.stages, self.channels, None)
-        _, outputs, self.last_stats = executor.run(mbs, None, weights, train=False)
+        _, outputs, self._last_stats = executor.run(mbs, None, weights, train=False)
         return outputs if self.is_last else None
 
     def _share_loss(self, loss: torch.Tensor | None) -> torch.Tensor | None:

@@ -3,8 +3,8 @@
 On a GPU the host only launches the passes, so time.perf_counter() around a pass
 measures the launch. There the spans come from CUDA events on the compute stream,
 put on the host clock through one event recorded right after a synchronize at the
-step's start, and read after one synchronize at its end (CudaClock): spans,
-measured_bubble and the simulator's comparison then mean GPU time.
+first step, and read when the stats are (CudaClock): spans, measured_bubble and the
+simulator's comparison then mean GPU time, and timing never stalls a step.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class StepStats:
     sent: dict[tuple[int, int], float] = field(default_factory=dict)  # (tag, mb) -> posted
     received: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
     gpu_time: bool = False  # spans from CUDA events (CudaClock)
+    pending: Any = None  # the CudaClock whose events are not read yet (see resolved())
 
     @property
     def wall_s(self) -> float:
@@ -61,16 +62,25 @@ class HostClock:
 
 
 class CudaClock:
-    """Pass times on the GPU, as host perf_counter() times (see the module docstring)."""
+    """Pass times on the GPU, as host perf_counter() times (see the module docstring).
+
+    One synchronize, at the first step, pins an event to the host clock; every later
+    time is that host time plus the GPU's elapsed time since the event. A step's
+    events are read when its stats are (resolve()), by then long done, so timing
+    adds no synchronize to the steps themselves and the host can run ahead.
+    """
 
     def __init__(self, device: torch.device):
         self.device = device
+        self._origin: Any = None
+        self._origin_s = 0.0
 
-    def start(self) -> float:
-        torch.cuda.synchronize(self.device)
-        self._origin = self.now()
-        self._origin_s = time.perf_counter()
-        return self._origin_s
+    def start(self) -> Any:
+        if self._origin is None:
+            torch.cuda.synchronize(self.device)
+            self._origin = self.now()
+            self._origin_s = time.perf_counter()
+        return self.now()
 
     def now(self) -> Any:
         event = torch.cuda.Event(enable_timing=True)
@@ -81,17 +91,28 @@ class CudaClock:
         return self._origin_s + self._origin.elapsed_time(event) / 1e3
 
     def finish(self, stats: StepStats) -> None:
-        end = self.now()
-        torch.cuda.synchronize(self.device)
+        stats.end = self.now()
+        stats.gpu_time = True
+        stats.pending = self
+
+    def resolve(self, stats: StepStats) -> None:
+        stats.end.synchronize()
         stats.spans = [
             (k, s, mb, self._host(t0), self._host(t1)) for k, s, mb, t0, t1 in stats.spans
         ]
-        stats.end = self._host(end)
-        stats.gpu_time = True
+        stats.start, stats.end = self._host(stats.start), self._host(stats.end)
+        stats.pending = None
 
 
 def clock_for(device: torch.device) -> HostClock | CudaClock:
     return CudaClock(device) if device.type == "cuda" else HostClock()
+
+
+def resolved(stats: StepStats | None) -> StepStats | None:
+    """stats with GPU event times turned into host times (waits for the step's end)."""
+    if stats is not None and stats.pending is not None:
+        stats.pending.resolve(stats)
+    return stats
 
 
 def measured_bubble(ranks: Sequence[StepStats]) -> float:
