@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,9 +83,14 @@ class HostStepper:
         self._jobs.append(job)
         if self._thread is None:
             self._thread = threading.Thread(
-                target=self._run, name="megalith-host-step", daemon=True
+                target=_serve,
+                args=(self._queue, weakref.ref(self)),
+                name="megalith-host-step",
+                daemon=True,
             )
             self._thread.start()
+            # a stepper dropped without close() still stops its worker (and frees staging)
+            weakref.finalize(self, self._queue.put, None)
         self._queue.put(job)
 
     @property
@@ -109,26 +115,7 @@ class HostStepper:
             self._thread.join()
             self._thread = None
 
-    # -- worker side ----------------------------------------------------------------
-    def _run(self) -> None:
-        started: collections.deque[_Job] = collections.deque()
-        stop = False
-        while not (stop and not started):
-            # Start gradient copies for every queued chunk a free slot allows; block
-            # for the next one only when nothing else is in flight.
-            while not stop and len(started) < self.slots - 1:
-                try:
-                    job = self._queue.get(block=not started)
-                except queue.Empty:
-                    break
-                if job is None:
-                    stop = True
-                    break
-                self._start_copy_down(job)
-                started.append(job)
-            if started:
-                self._finish(started.popleft())
-
+    # -- worker side (see _serve) ------------------------------------------------------
     def _start_copy_down(self, job: _Job) -> None:
         job.slot, self._next_slot = self._next_slot, (self._next_slot + 1) % self.slots
         n = job.chunk.spec.shard_numel
@@ -175,3 +162,38 @@ class HostStepper:
             up = torch.cuda.Event()
             up.record(self._up)
         self._up_done[job.slot] = self._last_up = up
+
+
+def _serve(jobs: queue.Queue, ref: weakref.ref) -> None:
+    """The worker loop of a HostStepper. It holds the stepper only while it has work,
+    so that a stepper nobody else holds is freed (its finalizer then stops the loop).
+    Gradient copies start for every queued chunk a free slot allows; it blocks for the
+    next chunk only when nothing else is in flight."""
+    started: collections.deque[_Job] = collections.deque()
+    stop = False
+    while not (stop and not started):
+        if not started:
+            job = jobs.get()
+            if job is None:
+                return
+            me = ref()
+            if me is None:
+                return
+            me._start_copy_down(job)
+            started.append(job)
+        else:
+            me = ref()
+            if me is None:
+                return
+        while not stop and len(started) < me.slots - 1:
+            try:
+                job = jobs.get(block=False)
+            except queue.Empty:
+                break
+            if job is None:
+                stop = True
+                break
+            me._start_copy_down(job)
+            started.append(job)
+        me._finish(started.popleft())
+        del me

@@ -1,0 +1,95 @@
+"""megalith_zero's HostStepper on its own (CPU): the pipelined host update writes only the
+pieces it is given, surfaces a failed update at wait() and stays usable, and a stepper
+dropped without close() stops its worker thread and returns its staging memory."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from megalith_offload import HostTier
+from megalith_zero.host_step import HostStepper
+
+
+def chunk(n: int, seed: int) -> SimpleNamespace:
+    g = torch.Generator().manual_seed(seed)
+    return SimpleNamespace(
+        spec=SimpleNamespace(shard_numel=n),
+        shard_grad=torch.randn(n, generator=g),
+        shard=torch.randn(n, generator=g),
+    )
+
+
+def double_grad(grads: torch.Tensor, params: torch.Tensor) -> None:
+    params.copy_(grads * 2)
+
+
+def test_updates_only_the_given_pieces_in_order():
+    chunks = [chunk(n, i) for i, n in enumerate((5, 9, 7, 9, 3))]
+    tier = HostTier(pinned=False)
+    stepper = HostStepper(chunks, tier, torch.device("cpu"), slots=2)
+    before = [c.shard.clone() for c in chunks]
+    seen = []
+
+    def work_of(i):
+        def work(grads, params):
+            seen.append(i)
+            double_grad(grads, params)
+
+        return work
+
+    for i, c in enumerate(chunks):
+        pieces = [slice(0, c.spec.shard_numel)] if i != 1 else [slice(1, 3), slice(6, 8)]
+        stepper.submit(c, work_of(i), pieces)
+    stepper.wait()
+    assert seen == [0, 1, 2, 3, 4]
+    for i, (c, old) in enumerate(zip(chunks, before)):
+        want = c.shard_grad * 2
+        if i == 1:  # outside its pieces the shard keeps its values
+            want = old.clone()
+            want[1:3], want[6:8] = c.shard_grad[1:3] * 2, c.shard_grad[6:8] * 2
+        assert torch.equal(c.shard, want), i
+    stepper.close()
+
+
+def test_a_failed_update_is_raised_at_wait_and_the_next_step_runs():
+    c = chunk(8, 0)
+    stepper = HostStepper([c], HostTier(pinned=False), torch.device("cpu"))
+
+    def fail(grads, params):
+        raise ValueError("lr=-1 is not allowed")
+
+    stepper.submit(c, fail, [slice(0, 8)])
+    stepper.submit(c, double_grad, [slice(0, 8)])  # skipped: the step already failed
+    with pytest.raises(RuntimeError, match="the host step failed: lr=-1 is not allowed"):
+        stepper.wait()
+    stepper.submit(c, double_grad, [slice(0, 8)])
+    stepper.wait()
+    assert torch.equal(c.shard, c.shard_grad * 2)
+    stepper.close()
+
+
+def _workers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "megalith-host-step"]
+
+
+def test_a_dropped_stepper_stops_its_worker_and_frees_staging():
+    tier = HostTier(pinned=False)
+    c = chunk(1 << 16, 1)
+    before = len(_workers())
+    stepper = HostStepper([c], tier, torch.device("cpu"))
+    stepper.submit(c, double_grad, [slice(0, 1 << 16)])
+    stepper.wait()
+    assert tier.current_bytes > 0 and len(_workers()) == before + 1
+    del stepper
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while len(_workers()) > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(_workers()) == before
+    assert tier.current_bytes == 0
