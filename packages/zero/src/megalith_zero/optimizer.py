@@ -353,6 +353,8 @@ class ZeroOptimizer:
 
     def _gather_params(self, chunks: list[FlatChunk] | None = None) -> None:
         """Stages 1, 2: every rank's updated shard into everyone's full params."""
+        if self.gather_group.size == 1:
+            return  # the shard is the whole of `full`: the update already wrote it
         handles = []
         for c in self.trainable if chunks is None else chunks:
             mine = c.shard.clone()  # the shard is a view of full, the all-gather's output
