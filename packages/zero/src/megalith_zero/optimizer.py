@@ -51,10 +51,13 @@ def _sum_sq(grads: list[torch.Tensor]) -> tuple[float, bool]:
     for g in grads:
         by_dtype.setdefault(g.dtype, []).append(g)
     for group in by_dtype.values():
-        if group[0].is_cuda:
-            s = float(torch.stack([g.float().pow(2).sum() for g in group]).sum())
+        if group[0].is_cuda:  # the engine's fused pass: reads each gradient once
+            found = torch.zeros(1, dtype=torch.float32, device=group[0].device)
+            s_dev = torch.zeros_like(found)
+            F.grad_check(group, found, s_dev)
+            s = float(s_dev)
             sum_sq += s
-            bad = bad or not math.isfinite(s)
+            bad = bad or float(found) > 0 or not math.isfinite(s)
         else:
             s, b = F.grad_stats(group)
             sum_sq, bad = sum_sq + s, bad or b
@@ -157,14 +160,18 @@ class ZeroOptimizer:
             self.reducer.sync = old
 
     # -- statistics -------------------------------------------------------------
-    def _grad_stats(self) -> tuple[float, bool, list[bool]]:
+    def _grad_stats(self, norm: bool = True) -> tuple[float, bool, list[bool]]:
         """(sum of squares of the scaled gradients, any inf/nan, used per parameter),
         over the data-parallel ranks in one all-reduce (and, with model_parallel, the
-        first two over the model-parallel group in a second one)."""
+        first two over the model-parallel group in a second one). norm=False: only the
+        used flags (0.0 and False for the others), for a step that neither clips nor
+        scales; every rank of the group must ask for the same."""
         if self._stats is not None:
             return self._stats
         self.reducer.wait()
-        if self._weighted is None:
+        if not norm:
+            sum_sq, bad = 0.0, False
+        elif self._weighted is None:
             sum_sq, bad = _sum_sq([c.shard_grad for c in self.trainable])
         else:
             sum_sq, bad = 0.0, False
@@ -212,7 +219,7 @@ class ZeroOptimizer:
     @torch.no_grad()
     def step(self) -> bool:
         """One update of the shards; False when fp16 overflow skipped it."""
-        _, bad, used = self._grad_stats()
+        _, bad, used = self._grad_stats(norm=self.scaler is not None)
         if self.scaler is not None:
             scale = self.scaler.scale
             self.scaler.update(bad)
