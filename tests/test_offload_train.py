@@ -1,5 +1,6 @@
-"""`megalith train --offload nvme`: trains with optimizer states on NVMe, checkpoints,
-and leaves no swap directory behind."""
+"""`megalith train --offload nvme`: trains with optimizer states on NVMe (clipping, so
+the update waits for step()), checkpoints, and leaves no swap directory behind; and
+`--offload cpu --max-norm 0`, where host chunks are updated during backward."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ CLI = [sys.executable, "-m", "megalith", "train"]
 
 
 @pytest.mark.timeout(200)
-def test_cli_offload_nvme(tmp_path):
+@pytest.mark.parametrize("tier", ["nvme", "cpu"])
+def test_cli_offload(tmp_path, tier):
     swap = tmp_path / "swap"
-    words = ["--offload", "nvme", "--swap-dir", str(swap), "--steps", "4", "--batch-size", "4"]
+    swap.mkdir()
+    where = ["--swap-dir", str(swap)] if tier == "nvme" else ["--max-norm", "0"]
+    words = ["--offload", tier, *where, "--steps", "4", "--batch-size", "4"]
     words += ["--seq-len", "32", "--eval-every", "4", "--save-every", "2", "--eval-batches", "1"]
     out = subprocess.run(
         [*CLI, *words, "--out", str(tmp_path), "--name", "off", "--nproc", "2"],
@@ -23,6 +27,6 @@ def test_cli_offload_nvme(tmp_path):
         timeout=180,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "plugin zero2 (offload nvme)" in out.stdout
+    assert f"plugin zero2 (offload {tier})" in out.stdout
     assert (tmp_path / "off" / "checkpoints" / "step_000004").is_dir()
     assert swap.is_dir() and not list(swap.glob("megalith-swap-*")), list(swap.iterdir())

@@ -149,6 +149,7 @@ def _plugin(args: argparse.Namespace, precision: str, run_dir: Path, name: str) 
     else:
         plugin.set_offload(
             tier="nvme",
+            step_in_backward=early,
             swap_dir=str(args.swap_dir or run_dir / "swap"),
             run_name="".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name),
         )

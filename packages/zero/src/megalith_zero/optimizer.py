@@ -325,7 +325,11 @@ class ZeroOptimizer:
     def _updated_in_backward(self) -> bool:
         """A synchronised backward ran since step() with step_in_backward (the same on
         every rank, whichever chunks each one updated early)."""
-        return self.step_in_backward and self.reducer.synced_backwards > self._synced_at_step
+        return (
+            self.step_in_backward
+            and self.reducer.synced_backwards > self._synced_at_step
+            and any(c.tier == "host" for c in self.trainable)  # only they update early
+        )
 
     def _check_backward_start(self) -> None:
         if self._updated_in_backward:
