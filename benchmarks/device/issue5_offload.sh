@@ -5,9 +5,11 @@
 # pins every run to 16 of them so the host update is measured on the same core count.
 # SECTIONS picks the parts: gpt1p3b (torch, offload with the update during backward and
 # after it), gpt6p7b (micro-batch 8, checkpointing), gpt12b (38 layers of d5120, the 12.2B
-# of ANCHORS, micro-batch 1, OPTIM_FRAC_12B of the chunks on the host), largest (57 layers
-# of d5120, 18.2B: states on the GPU up to DEVICE_GB, then host memory up to HOST_GB with the
-# masters, then NVMe under SWAP; budgets sized for the H200 box's 141 GB GPU, 126 GiB host).
+# of ANCHORS, micro-batch 1: states of the first chunks on the GPU up to DEVICE_GB_12B, the
+# rest on the host, whose gradients come first in backward, so their update overlaps it),
+# largest (57 layers of d5120, 18.2B: states on the GPU up to DEVICE_GB, then host memory up
+# to HOST_GB with the masters, then NVMe under SWAP; sized with benchmarks/zero/offload_plan.py
+# for the H200 box: 133 GB of GPU before activations, 109 GB host, 55 GB NVMe).
 source "$(dirname "$0")/setup.sh"
 build comm zero pipeline offload
 CORES=${CORES:-0-15}
@@ -32,12 +34,12 @@ for section in ${SECTIONS:-gpt1p3b gpt6p7b gpt12b}; do
     done ;;
   gpt12b)
     bench 12b_zero2-offload 300 --model gpt-13b --layers 38 --ckpt --batch 1 --steps 3 --warmup 1 \
-      --optim-frac "${OPTIM_FRAC_12B:-0.5}" --modes zero2-offload ;;
+      --optim-frac 0 --device-budget-gb "${DEVICE_GB_12B:-73}" --modes zero2-offload ;;
   largest)
     mkdir -p "${SWAP:-/tmp/swap}"
     bench largest_zero2-offload "${LIMIT_LARGEST:-420}" --model gpt-13b --layers "${LAYERS:-57}" \
       --ckpt --batch 1 --steps 3 --warmup 0 --init-dtype bf16 --tier host+nvme --optim-frac 0 \
-      --device-budget-gb "${DEVICE_GB:-50}" --host-budget-gb "${HOST_GB:-110}" \
+      --device-budget-gb "${DEVICE_GB:-60}" --host-budget-gb "${HOST_GB:-110}" \
       --swap-dir "${SWAP:-/tmp/swap}" --modes zero2-offload
     grep "'mode'" /tmp/largest_zero2-offload.log | tee -a "$OUT/offload_rows.md"
     df -h "${SWAP:-/tmp/swap}" | tail -1 ;;
