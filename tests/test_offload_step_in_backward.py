@@ -1,4 +1,4 @@
-"""OffloadConfig(step_in_backward=True): host chunks are updated while backward goes on.
+"""ZeroConfig(step_in_backward=True): chunks are updated while backward goes on.
 
 test_offload_zero.py checks the trained values against ZeRO without offload; here: the
 updates really start inside backward, gradient accumulation under no_sync() gives the
@@ -20,22 +20,23 @@ from megalith_offload import OffloadConfig
 from .zero import toy
 
 
-def _shard(eager: bool, precision: str = "fp32", param_frac: float = 0.0):
+def _shard(eager: bool, precision: str = "fp32", param_frac: float = 0.0, offload: bool = True):
     model = toy.make_model(0)
     opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
     config = zero.ZeroConfig(
         stage=2,
         precision=precision,
         chunk_bytes=2048,
-        offload=OffloadConfig(tier="host", step_in_backward=eager, param_frac=param_frac),
+        offload=OffloadConfig(tier="host", param_frac=param_frac) if offload else None,
+        step_in_backward=eager,
     )
     return zero.shard(model, opt, config)
 
 
-def _accumulate(rank: int, eager: bool) -> dict:
+def _accumulate(rank: int, eager: bool, offload: bool = True) -> dict:
     """Two micro-batches per step (the first inside no_sync) for 4 steps."""
     n = comm.get_world().world_size
-    zmodel, zopt = _shard(eager)
+    zmodel, zopt = _shard(eager, offload=offload)
     rows = toy.BATCH // n
     early = []
     for micro in toy.batches(1, 4, 2):
@@ -56,8 +57,9 @@ def _accumulate(rank: int, eager: bool) -> dict:
     return {"early": early, "params": state, "chunks": sum(c.trainable for c in zmodel.chunks)}
 
 
-def test_accumulated_steps_match_and_start_in_backward():
-    eager, plain = (run_distributed(_accumulate, 2, e, timeout=180) for e in (True, False))
+@pytest.mark.parametrize("offload", [True, False], ids=["host", "device"])
+def test_accumulated_steps_match_and_start_in_backward(offload):
+    eager, plain = (run_distributed(_accumulate, 2, e, offload, timeout=180) for e in (True, False))
     for r in eager:
         assert r["early"][0::2] == [0] * 4, r["early"]
         assert all(0 < k <= r["chunks"] for k in r["early"][1::2]), r["early"]

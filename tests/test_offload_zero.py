@@ -30,6 +30,7 @@ def cases(swap: str, world: int) -> list[Case]:
             Case(stage=stage),
             Case(stage=stage, tier="host"),
             Case(stage=stage, tier="host", eager=True),  # updated during backward
+            Case(stage=stage, eager=True),  # device chunks updated during backward
             Case(stage=stage, tier="nvme", swap_dir=swap),
         ]
     out += [  # stage 3 parameter shards in host memory, all or half of them
@@ -44,6 +45,7 @@ def cases(swap: str, world: int) -> list[Case]:
             Case(stage=2, precision="bf16", max_norm=0.5),
             Case(stage=2, tier="nvme", precision="bf16", max_norm=0.5, swap_dir=swap),
             Case(stage=1, tier="host", eager=True),
+            Case(stage=1, eager=True),
             # the host budget holds two chunks' states: the others go to NVMe
             Case(stage=3, tier="host+nvme", host_budget=49000, swap_dir=swap),
             Case(stage=2, tier="host+nvme", host_budget=49000, swap_dir=swap, eager=True),

@@ -3,7 +3,9 @@ every GPU of the host, beside torch FSDP2 (fully_shard per block and at the root
 parameters and fp32 gradient reduction) on the same model, batch and data; and the same
 model tensor-parallel over every GPU (HybridParallelPlugin, with and without sequence
 parallelism; the group trains one batch of --batch sequences, whose tokens per second
-are divided by the GPUs, so every mode reports tokens/s per GPU). One mode per process:
+are divided by the GPUs, so every mode reports tokens/s per GPU). zero2-early and
+zero3-early update each chunk during backward (ZeroConfig.step_in_backward: nothing here
+clips). One mode per process:
 
     torchrun --nproc_per_node 2 benchmarks/multi_gpu/zero_vs_fsdp2.py --mode zero2 \
         --model llama-7b --batch 4 --seq 2048 --ckpt --out $OUT/zero2.json
@@ -29,13 +31,15 @@ from megalith.models.counting import mfu
 
 
 def build_step(mode: str, model: torch.nn.Module, lr: float):
-    if mode in ("zero2", "zero3"):
+    if mode in ("zero2", "zero3", "zero2-early", "zero3-early"):
         import megalith_zero as zero
 
         net, opt = zero.shard(
             model,
             torch.optim.AdamW(model.parameters(), lr=lr),
-            zero.ZeroConfig(stage=int(mode[-1]), precision="bf16"),
+            zero.ZeroConfig(
+                stage=int(mode[4]), precision="bf16", step_in_backward=mode.endswith("-early")
+            ),
         )
 
         def step(ids):
@@ -90,7 +94,9 @@ def build_step(mode: str, model: torch.nn.Module, lr: float):
             return loss
 
         return step
-    raise ValueError(f"--mode {mode!r}: expected zero2, zero3, fsdp2, tp or tp-sp")
+    raise ValueError(
+        f"--mode {mode!r}: expected zero2, zero3, zero2-early, zero3-early, fsdp2, tp or tp-sp"
+    )
 
 
 def main() -> None:

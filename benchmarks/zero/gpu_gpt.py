@@ -49,9 +49,10 @@ def plain_torch(model):
     return step
 
 
-def zero_stage(stage: int, offload: bool = False, early: bool = True):
+def zero_stage(stage: int, offload: bool = False, early: bool = False):
     """ZeRO at `stage`; offload: fp32 masters and optimizer states offloaded as OFFLOAD
-    says (default: every chunk's in host memory), updated during backward when `early`."""
+    says (default: every chunk's in host memory); chunks updated during backward when
+    `early` (ZeroConfig.step_in_backward)."""
 
     def build(model):
         import megalith_zero as zero
@@ -60,11 +61,11 @@ def zero_stage(stage: int, offload: bool = False, early: bool = True):
         if offload:
             from megalith_offload import OffloadConfig
 
-            extra["offload"] = OffloadConfig(**OFFLOAD, step_in_backward=early)
+            extra["offload"] = OffloadConfig(**OFFLOAD)
         net, opt = zero.shard(
             model,
             torch.optim.AdamW(model.parameters(), lr=1e-4),
-            zero.ZeroConfig(stage=stage, precision="bf16", **extra),
+            zero.ZeroConfig(stage=stage, precision="bf16", step_in_backward=early, **extra),
         )
 
         def step(ids):
@@ -121,9 +122,10 @@ def modes() -> dict[str, Callable]:
         "torch": plain_torch,
         "zero2": zero_stage(2),
         "zero3": zero_stage(3),
-        "zero2-offload": zero_stage(2, offload=True),
-        "zero2-offload-after": zero_stage(2, offload=True, early=False),
-        "zero3-offload": zero_stage(3, offload=True),
+        "zero2-early": zero_stage(2, early=True),
+        "zero2-offload": zero_stage(2, offload=True, early=True),
+        "zero2-offload-after": zero_stage(2, offload=True),
+        "zero3-offload": zero_stage(3, offload=True, early=True),
         "booster-ddp": booster(lambda: _ddp_bf16(TorchDDPPlugin), fused=True),
         "booster-zero2": booster(lambda: LowLevelZeroPlugin(stage=2, precision="bf16"), False),
         "hybrid-tp1": booster(lambda: HybridParallelPlugin(tp_size=1, precision="bf16"), True),

@@ -30,7 +30,7 @@ class Case:
     chunk_bytes: int = 2048  # small: many chunks, shards cut through parameters
     swap_dir: str = ""
     fsize_limit: int = 0  # RLIMIT_FSIZE for this rank while training (0: none)
-    eager: bool = False  # OffloadConfig(step_in_backward=True)
+    eager: bool = False  # ZeroConfig(step_in_backward=True)
     param_frac: float = 0.0  # OffloadConfig(param_frac=...): stage 3 parameter shards on the host
     device: str = "cpu"  # "cuda": the model and data on the GPU (tests/test_offload_gpu.py)
 
@@ -45,7 +45,6 @@ def offload_config(case: Case) -> OffloadConfig | None:
         host_budget_bytes=case.host_budget,
         swap_dir=case.swap_dir or None,
         run_name="test",
-        step_in_backward=case.eager,
         param_frac=case.param_frac,
     )
 
@@ -59,6 +58,7 @@ def _train(rank: int, case: Case):
         precision=case.precision,
         chunk_bytes=case.chunk_bytes,
         offload=offload_config(case),
+        step_in_backward=case.eager,
     )
     zmodel, zopt = zero.shard(model, opt, config)
     try:

@@ -50,14 +50,6 @@ class OffloadConfig:
         (prefetching hides it); the host update writes the new values there directly.
         Only chunks whose optimizer states are offloaded can: the first
         ceil(param_frac * chunks) must be offloaded by optim_frac or the budget.
-    step_in_backward: update each host-tier chunk as soon as backward has reduced its
-        gradients, on the host while the GPU computes the rest of backward, instead of
-        all of them in step(). The result is the same (a chunk's update needs nothing
-        from the others), except that the gradients can then no longer be clipped
-        (clip_grad_norm_ raises) and fp16 loss scaling, whose overflow check must see
-        every gradient first, cannot be used. Every synchronised backward is then a
-        step: accumulate inside no_sync(). The Booster's plugins turn it on when they
-        neither clip nor scale.
     cpu_threads: host threads of the engine's CPU kernels for the offloaded update;
         None: MEGALITH_NUM_THREADS when set, else the CPUs this process may run on
         shared by the ranks of this host (LOCAL_WORLD_SIZE), one left for the thread
@@ -76,7 +68,6 @@ class OffloadConfig:
     io_threads: int = 4
     direct: bool = True
     param_frac: float = 0.0
-    step_in_backward: bool = False
     cpu_threads: int | None = None
 
     def __post_init__(self) -> None:

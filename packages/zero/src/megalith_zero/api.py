@@ -166,9 +166,9 @@ def shard(
             f"stage {config.stage}; only stage 3 keeps parameters sharded, so only it can "
             "keep shards in host memory: use stage=3 or param_frac=0"
         )
-    if config.offload is not None and config.offload.step_in_backward and config.scales_loss:
+    if config.step_in_backward and config.scales_loss:
         raise ValueError(
-            "megalith_zero.shard: OffloadConfig(step_in_backward=True) with fp16 loss scaling: "
+            "megalith_zero.shard: ZeroConfig(step_in_backward=True) with fp16 loss scaling: "
             "an overflow must skip the whole step, which is known only once every gradient "
             "is in; train in bf16, or set step_in_backward=False"
         )

@@ -96,6 +96,14 @@ class ZeroConfig:
     offload: a megalith_offload.OffloadConfig (needs megalith-offload): which
         chunks keep their fp32 masters and optimizer states in host memory or on
         NVMe, stepped there by the engine's CPU kernel. None: all on the device.
+    step_in_backward: update each chunk as soon as backward has reduced its
+        gradients, while backward goes on: device chunks on a side stream (on CUDA),
+        host chunks on the host; step() then only finishes. The numbers are the same
+        (a chunk's update needs nothing from the others) as long as nothing clips or
+        scales: clip_grad_norm_ then raises, fp16 loss scaling is refused, NVMe chunks
+        still step in step(), and every synchronised backward is a step (accumulate
+        inside no_sync()). The Booster's ZeRO plugins turn it on for offloaded runs
+        that neither clip nor scale.
     """
 
     stage: int = 2
@@ -107,6 +115,7 @@ class ZeroConfig:
     loss_scaling: bool | None = None
     overlap: bool = True
     offload: Any = None
+    step_in_backward: bool = False
 
     def __post_init__(self) -> None:
         if self.stage not in (1, 2, 3):

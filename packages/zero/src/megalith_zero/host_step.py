@@ -8,7 +8,7 @@ parameters into a staging buffer, and those go back up (host to device). One wor
 thread runs them for a queue of chunks, so
 - the next chunk's gradients come down while the kernel updates this one, and the
   previous chunk's parameters go up meanwhile (separate copy streams on CUDA);
-- with OffloadConfig(step_in_backward=True) a chunk is queued as soon as backward has
+- with ZeroConfig(step_in_backward=True) a chunk is queued as soon as backward has
   reduced its gradients, so the host update of late layers runs while the GPU is still
   computing the backward of early ones, and step() only waits for the tail;
 - staging is a ring of a few chunk-sized page-locked buffers (gradients and working

@@ -107,7 +107,7 @@ class ZeroOptimizer:
         if host:
             slots = require_offload().HOST_STEP_SLOTS  # as the placement counted them
             self.stepper = HostStepper(host, offloader.host, host[0].shard.device, slots)
-        self.step_in_backward = bool(offloader is not None and offloader.config.step_in_backward)
+        self.step_in_backward = config.step_in_backward
         self._stepped_early: set[int] = set()  # ids of chunks stepped by this backward
         self._synced_at_step = 0  # reducer.synced_backwards when step() last ran
         reducer.on_reduced = self._on_reduced
@@ -202,8 +202,8 @@ class ZeroOptimizer:
         multiplies them by min(1, max_norm / (norm + 1e-6)), as torch's clip_grad_norm_."""
         if self._updated_in_backward:
             raise RuntimeError(
-                "clip_grad_norm_: the offloaded chunks were already updated during backward "
-                "(OffloadConfig(step_in_backward=True)), so their gradients can no longer be "
+                "clip_grad_norm_: the chunks were already updated during backward "
+                "(ZeroConfig(step_in_backward=True)), so their gradients can no longer be "
                 "clipped; set step_in_backward=False to clip"
             )
         if norm_type != 2.0:
@@ -244,7 +244,9 @@ class ZeroOptimizer:
         for gi, group in enumerate(groups):
             names = self.rule.state_names(group)
             mine = [(c, u) for c, u in zip(self.trainable, per_chunk_used) if c.spec.group == gi]
-            batch = [(c, u) for c, u in mine if c.tier == "device"]
+            batch = [
+                (c, u) for c, u in mine if c.tier == "device" and id(c) not in self._stepped_early
+            ]
             for c, _ in batch:
                 c.ensure_states(names)
             self._apply(group, names, batch, grad_scale)  # one engine call per step number
@@ -257,6 +259,9 @@ class ZeroOptimizer:
             self.stepper.wait()  # the states are loaded only inside this loop turn
         if self.stepper is not None:
             self.stepper.wait()
+        step_stream = self.reducer.streams.step
+        if step_stream is not None and self._stepped_early:  # device chunks updated early
+            torch.cuda.current_stream(step_stream.device).wait_stream(step_stream)
         for c, u in zip(self.trainable, per_chunk_used):
             c.steps = [s + 1 if ui else s for s, ui in zip(c.steps, u)]
         if self.config.stage in (1, 2):
@@ -328,30 +333,39 @@ class ZeroOptimizer:
         return (
             self.step_in_backward
             and self.reducer.synced_backwards > self._synced_at_step
-            and any(c.tier == "host" for c in self.trainable)  # only they update early
+            # NVMe chunks never update early
+            and any(c.tier in ("device", "host") for c in self.trainable)
         )
 
     def _check_backward_start(self) -> None:
         if self._updated_in_backward:
             raise RuntimeError(
                 "megalith_zero: a second backward before step() with "
-                "OffloadConfig(step_in_backward=True), which updates each backward's chunks "
+                "ZeroConfig(step_in_backward=True), which updates each backward's chunks "
                 "at once; accumulate gradients inside ZeroOptimizer.no_sync() and call step() "
                 "after each synchronised backward"
             )
 
     def _on_reduced(self, c: FlatChunk) -> None:
-        """With step_in_backward: a host chunk whose gradients are complete is updated
-        now, while backward goes on (the update needs nothing from other chunks when
-        nothing clips or scales: see OffloadConfig.step_in_backward)."""
-        if not self.step_in_backward or c.tier != "host" or not c.trainable:
+        """With step_in_backward: a chunk whose gradients are complete is updated now,
+        while backward goes on (see ZeroConfig.step_in_backward): on the host for host
+        chunks, on the step stream for device chunks."""
+        if not self.step_in_backward or c.tier == "nvme" or not c.trainable:
             return
         if self.placement is not None and self.placement.pending:
             return  # the warm-up step measures the plain step first
         own = [c.spec.slots.index(seg.slot) for seg in c.spec.segments(c.rank)]
         if not all(c.used[i] for i in own):
             return  # a parameter unused here: step() decides with every rank's flags
-        self._submit_host(c, self.optimizer.param_groups[c.spec.group], c.step_pieces(c.used), 1.0)
+        group = self.optimizer.param_groups[c.spec.group]
+        if c.tier == "host":
+            self._submit_host(c, group, c.step_pieces(c.used), 1.0)
+        else:
+            names = self.rule.state_names(group)
+            c.ensure_states(names)
+            streams = self.reducer.streams
+            with streams.on(streams.step):
+                self._apply(group, names, [(c, c.used)], 1.0)
         self._stepped_early.add(id(c))
 
     def close(self) -> None:
@@ -386,7 +400,7 @@ class ZeroOptimizer:
         if self._updated_in_backward:
             raise RuntimeError(
                 "megalith_zero: zero_grad() after a backward that already updated offloaded "
-                "chunks (OffloadConfig(step_in_backward=True)); call step() first: every "
+                "chunks (ZeroConfig(step_in_backward=True)); call step() first: every "
                 "synchronised backward is a step in this mode"
             )
         for c in self.trainable:

@@ -9,7 +9,6 @@ reduction hooks, stage-3 gather hooks) -> the wrappers the Booster hands back.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from typing import Any
 
 import torch
@@ -73,20 +72,20 @@ class _ZeroPlugin(Plugin):
         self._offload: Any = None  # a megalith_offload.OffloadConfig, or None
         self._step_in_backward: bool | None = None  # None: when nothing clips or scales
 
-    def set_offload(self, **kwargs: Any) -> None:
+    def set_offload(self, step_in_backward: bool | None = None, **kwargs: Any) -> None:
         """Offloads optimizer states: kwargs of megalith_offload.OffloadConfig (tier,
-        optim_frac, swap_dir, ...), validated now so bad numbers fail here. Unless
-        step_in_backward is given, host chunks are updated during backward whenever the
-        plugin neither clips (max_norm 0) nor scales the loss (precision not fp16)."""
+        optim_frac, swap_dir, ...), validated now so bad numbers fail here.
+        step_in_backward (megalith_zero.ZeroConfig's): None updates chunks during
+        backward whenever the plugin neither clips (max_norm 0) nor scales the loss
+        (precision not fp16)."""
         mo = require("megalith_offload", "megalith-offload", type(self).__name__ + " offloading")
         self._offload = mo.OffloadConfig(**kwargs)
-        self._step_in_backward = kwargs.get("step_in_backward")
+        self._step_in_backward = step_in_backward
 
-    def _offload_config(self) -> Any:
-        if self._offload is None or self._step_in_backward is not None:
-            return self._offload
-        early = not self.max_norm and self.precision != "fp16"
-        return dataclasses.replace(self._offload, step_in_backward=early)
+    def _updates_in_backward(self) -> bool:
+        if self._step_in_backward is not None:
+            return self._step_in_backward
+        return self._offload is not None and not self.max_norm and self.precision != "fp16"
 
     def set_precision(self, precision: str | None) -> None:
         if precision is not None:
@@ -101,7 +100,8 @@ class _ZeroPlugin(Plugin):
             chunk_bytes=self._chunk_bytes,
             loss_scale=zero.LossScaleConfig(**self._loss_scale),
             overlap=self._overlap,
-            offload=self._offload_config(),
+            offload=self._offload,
+            step_in_backward=self._updates_in_backward(),
         )
 
     def configure(self, model, optimizer, criterion, dataloader, lr_scheduler):
