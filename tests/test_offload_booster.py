@@ -23,6 +23,7 @@ def test_plugins_offload_and_checkpoint_through_nvme(tmp_path):
         Run("zero2", nvme=swap, save_at=4, resume=ckpt),
         Run("gemini", frac=1.0, param_frac=0.5, save_at=4, save_dir=ckpt_p),
         Run("gemini", frac=1.0, param_frac=0.5, save_at=4, resume=ckpt_p),
+        Run("zero2", cpu_offload=True, overlap_gather=True),
     ]
     (
         (z2, _),
@@ -33,6 +34,7 @@ def test_plugins_offload_and_checkpoint_through_nvme(tmp_path):
         (resumed, _),
         (g_params, _),
         (g_params_resumed, _),
+        (z2_overlapped, _),
     ) = [r[0] for r in run_grid(train, runs, 2, timeout=240)]
     assert z2_cpu == z2 and set(cpu_tiers) == {"host"}
     assert g_half == g and set(half_tiers) == {"host", "device"}
@@ -40,5 +42,6 @@ def test_plugins_offload_and_checkpoint_through_nvme(tmp_path):
     assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(resumed, z2[4:])), (resumed, z2[4:])
     assert len(resumed) == len(z2) - 4
     assert g_params == g  # half the parameter shards in host memory: the same numbers
+    assert z2_overlapped == z2  # updated during backward, gathered during forward
     assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(g_params_resumed, g[4:]))
     assert not list(Path(swap).glob("megalith-swap-*"))

@@ -5,7 +5,8 @@ model tensor-parallel over every GPU (HybridParallelPlugin, with and without seq
 parallelism; the group trains one batch of --batch sequences, whose tokens per second
 are divided by the GPUs, so every mode reports tokens/s per GPU). zero2-early and
 zero3-early update each chunk during backward (ZeroConfig.step_in_backward: nothing here
-clips). One mode per process:
+clips); zero2-overlap also leaves the parameter all-gathers to the next forward
+(overlap_param_gather). One mode per process:
 
     torchrun --nproc_per_node 2 benchmarks/multi_gpu/zero_vs_fsdp2.py --mode zero2 \
         --model llama-7b --batch 4 --seq 2048 --ckpt --out $OUT/zero2.json
@@ -31,14 +32,17 @@ from megalith.models.counting import mfu
 
 
 def build_step(mode: str, model: torch.nn.Module, lr: float):
-    if mode in ("zero2", "zero3", "zero2-early", "zero3-early"):
+    if mode in ("zero2", "zero3", "zero2-early", "zero3-early", "zero2-overlap"):
         import megalith_zero as zero
 
         net, opt = zero.shard(
             model,
             torch.optim.AdamW(model.parameters(), lr=lr),
             zero.ZeroConfig(
-                stage=int(mode[4]), precision="bf16", step_in_backward=mode.endswith("-early")
+                stage=int(mode[4]),
+                precision="bf16",
+                step_in_backward=mode.endswith(("-early", "-overlap")),
+                overlap_param_gather=mode.endswith("-overlap"),
             ),
         )
 
@@ -95,7 +99,7 @@ def build_step(mode: str, model: torch.nn.Module, lr: float):
 
         return step
     raise ValueError(
-        f"--mode {mode!r}: expected zero2, zero3, zero2-early, zero3-early, fsdp2, tp or tp-sp"
+        f"--mode {mode!r}: expected zero2, zero3, zero2-early, zero3-early, zero2-overlap, fsdp2, tp, tp-sp"
     )
 
 

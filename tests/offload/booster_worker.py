@@ -18,6 +18,7 @@ class Run:
     cpu_offload: bool = False  # zero2
     frac: float = 0.0  # gemini: offload_optim_frac
     param_frac: float = 0.0  # gemini: offload_param_frac
+    overlap_gather: bool = False  # zero2: overlap_allgather
     nvme: str = ""  # zero2: swap root for states on NVMe
     steps: int = 10
     save_at: int = 0
@@ -30,7 +31,12 @@ def make_plugin(run: Run):
         return GeminiPlugin(
             precision="fp32", offload_optim_frac=run.frac, offload_param_frac=run.param_frac
         )
-    plugin = LowLevelZeroPlugin(stage=2, precision="fp32", cpu_offload=run.cpu_offload)
+    plugin = LowLevelZeroPlugin(
+        stage=2,
+        precision="fp32",
+        cpu_offload=run.cpu_offload,
+        overlap_allgather=run.overlap_gather,
+    )
     if run.nvme:
         plugin.set_offload(tier="nvme", swap_dir=run.nvme, run_name="booster")
     return plugin

@@ -33,6 +33,7 @@ class Case:
     eager: bool = False  # ZeroConfig(step_in_backward=True)
     param_frac: float = 0.0  # OffloadConfig(param_frac=...): stage 3 parameter shards on the host
     device: str = "cpu"  # "cuda": the model and data on the GPU (tests/test_offload_gpu.py)
+    overlap_gather: bool = False  # ZeroConfig(overlap_param_gather=True)
 
 
 def offload_config(case: Case) -> OffloadConfig | None:
@@ -59,6 +60,7 @@ def _train(rank: int, case: Case):
         chunk_bytes=case.chunk_bytes,
         offload=offload_config(case),
         step_in_backward=case.eager,
+        overlap_param_gather=case.overlap_gather,
     )
     zmodel, zopt = zero.shard(model, opt, config)
     try:

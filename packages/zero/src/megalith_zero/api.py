@@ -17,6 +17,7 @@ from .layout import Layout, chunk_numel_for, plan
 from .memory import StateMemory
 from .offload import AutoPlacement, auto_budget, make_offloader
 from .optimizer import ModelParallel, ZeroOptimizer
+from .param_gather import DeferredGathers
 from .rule import check_group, rule_for
 from .stage3 import Stage3Hooks
 from .streams import Streams
@@ -45,6 +46,8 @@ class ZeroModel(torch.nn.Module):
         self.group = group
         #: placement="auto" until its warm-up step ends (see megalith_zero.offload)
         self.placement: AutoPlacement | None = None
+        #: overlap_param_gather (see param_gather.py)
+        self.deferred: DeferredGathers | None = None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         dtype = self.param_dtype
@@ -62,7 +65,14 @@ class ZeroModel(torch.nn.Module):
             out = self.module(*args, **kwargs)
         if self.stage3 is not None and not torch.is_grad_enabled():
             self.stage3.end_step()
+        self.wait_params()
         return out
+
+    def wait_params(self) -> None:
+        """With overlap_param_gather: waits for every parameter gather the last step
+        started (before reading parameters outside the model's forward)."""
+        if self.deferred is not None:
+            self.deferred.wait_all()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter in fp32 (the master values) and every buffer, on every rank.
@@ -238,6 +248,9 @@ def shard(
         optimizer, rule, chunks, reducer, group, gather_group, config, offloader, model_parallel
     )
     zmodel = ZeroModel(model, chunks, layout, memory, stage3, group, config.param_dtype)
+    if config.overlap_param_gather and group.size > 1:
+        param_chunk = {id(params[s.param][1]): c.spec.index for c in chunks for s in c.spec.slots}
+        zmodel.deferred = zopt.deferred = DeferredGathers(model, param_chunk)
     if budget is not None:
         ahead = 0
         if config.stage == 3:  # prefetching holds this many gathered chunks more

@@ -154,6 +154,7 @@ def load_sharded(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike
             f"{path} holds {meta['rule']} optimizer states but the optimizer is {zopt.rule.kind}; "
             "build the same kind of optimizer as the one that saved it"
         )
+    zmodel.wait_params()  # no gather of the last step may land on the loaded values
     zopt.zero_grad()
     if zmodel.stage3 is not None:
         zmodel.stage3.end_step()
@@ -247,6 +248,7 @@ def load_full(
     index, e.g. transformers'); optimizer states start fresh. Each rank reads only the
     parameters its shards hold, one at a time; collective."""
     path = Path(path)
+    zmodel.wait_params()  # no gather of the last step may land on the loaded values
     zopt.zero_grad()
     if zmodel.stage3 is not None:
         zmodel.stage3.end_step()

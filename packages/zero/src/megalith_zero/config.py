@@ -104,6 +104,11 @@ class ZeroConfig:
         still step in step(), and every synchronised backward is a step (accumulate
         inside no_sync()). The Booster's ZeRO plugins turn it on for offloaded runs
         that neither clip nor scale.
+    overlap_param_gather: stages 1 and 2: the parameter all-gathers after a step are
+        waited for by each module just before it runs in the next forward, not by
+        step(), so they overlap the forward (ColossalAI's overlap_allgather). A
+        parameter read before its module runs, or between step() and the next
+        forward, needs ZeroModel.wait_params() first (see param_gather.py).
     """
 
     stage: int = 2
@@ -116,6 +121,7 @@ class ZeroConfig:
     overlap: bool = True
     offload: Any = None
     step_in_backward: bool = False
+    overlap_param_gather: bool = False
 
     def __post_init__(self) -> None:
         if self.stage not in (1, 2, 3):
@@ -126,6 +132,11 @@ class ZeroConfig:
         if self.chunk_bytes < 0:
             raise ValueError(
                 f"ZeroConfig: chunk_bytes={self.chunk_bytes}; expected >= 0 (0 = search)"
+            )
+        if self.overlap_param_gather and self.stage == 3:
+            raise ValueError(
+                "ZeroConfig: overlap_param_gather=True at stage 3, which already gathers each "
+                "module's parameters just before it runs; use it with stage 1 or 2"
             )
         if self.prefetch < 0:
             raise ValueError(f"ZeroConfig: prefetch={self.prefetch}; expected >= 0")

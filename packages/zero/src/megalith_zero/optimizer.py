@@ -101,6 +101,8 @@ class ZeroOptimizer:
         #: placement="auto" (megalith_zero.offload.AutoPlacement): its warm-up ends
         #: with the first step
         self.placement: Any = None
+        #: overlap_param_gather: the post-step gathers the next forward waits for
+        self.deferred: Any = None
         #: updates host-tier chunks on the host, pipelined ([Note: pipelined host step])
         self.stepper: HostStepper | None = None
         host = [c for c in self.trainable if c.tier != "device"]
@@ -219,6 +221,8 @@ class ZeroOptimizer:
     @torch.no_grad()
     def step(self) -> bool:
         """One update of the shards; False when fp16 overflow skipped it."""
+        if self.deferred is not None:  # a step with no forward since the last one
+            self.deferred.wait_all()
         _, bad, used = self._grad_stats(norm=self.scaler is not None)
         if self.scaler is not None:
             scale = self.scaler.scale
@@ -265,7 +269,7 @@ class ZeroOptimizer:
         for c, u in zip(self.trainable, per_chunk_used):
             c.steps = [s + 1 if ui else s for s, ui in zip(c.steps, u)]
         if self.config.stage in (1, 2):
-            self._gather_params()
+            self._gather_params(defer=self.deferred is not None)
         self._end_step()
         return True
 
@@ -376,14 +380,20 @@ class ZeroOptimizer:
         if self.offloader is not None:
             self.offloader.close()
 
-    def _gather_params(self, chunks: list[FlatChunk] | None = None) -> None:
-        """Stages 1, 2: every rank's updated shard into everyone's full params."""
+    def _gather_params(self, chunks: list[FlatChunk] | None = None, defer: bool = False) -> None:
+        """Stages 1, 2: every rank's updated shard into everyone's full params. defer:
+        leave the waiting to the modules that use them ([Note: deferred parameter
+        gathers] in param_gather.py)."""
         if self.gather_group.size == 1:
             return  # the shard is the whole of `full`: the update already wrote it
         handles = []
         for c in self.trainable if chunks is None else chunks:
             mine = c.shard.clone()  # the shard is a view of full, the all-gather's output
-            handles.append(comm.all_gather(c.full, mine, group=self.gather_group, async_op=True))
+            handle = comm.all_gather(c.full, mine, group=self.gather_group, async_op=True)
+            if defer:
+                self.deferred.add(c.spec.index, handle, mine)
+            else:
+                handles.append(handle)
         for h in handles:
             h.wait()
 

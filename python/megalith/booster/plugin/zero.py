@@ -70,6 +70,7 @@ class _ZeroPlugin(Plugin):
         self._reduce_dtype = reduce_dtype
         self._overlap = overlap
         self._offload: Any = None  # a megalith_offload.OffloadConfig, or None
+        self._overlap_gather = False  # LowLevelZeroPlugin(overlap_allgather=True)
         self._step_in_backward: bool | None = None  # None: when nothing clips or scales
 
     def set_offload(self, step_in_backward: bool | None = None, **kwargs: Any) -> None:
@@ -102,6 +103,7 @@ class _ZeroPlugin(Plugin):
             overlap=self._overlap,
             offload=self._offload,
             step_in_backward=self._updates_in_backward(),
+            overlap_param_gather=self._overlap_gather,
         )
 
     def configure(self, model, optimizer, criterion, dataloader, lr_scheduler):
@@ -146,7 +148,8 @@ def _scale_args(
 class LowLevelZeroPlugin(_ZeroPlugin):
     """ZeRO stage 1 or 2 (ColossalAI's arguments). cpu_offload=True keeps every fp32
     master and optimizer state in host memory (megalith-offload), stepped there by the
-    engine's CPU kernel."""
+    engine's CPU kernel. overlap_allgather=True leaves the parameter all-gathers after a
+    step to the next forward's modules (megalith_zero's overlap_param_gather)."""
 
     def __init__(
         self,
@@ -165,6 +168,7 @@ class LowLevelZeroPlugin(_ZeroPlugin):
         overlap_communication: bool = True,
         cpu_offload: bool = False,
         verbose: bool = False,
+        overlap_allgather: bool = False,
     ) -> None:
         super().__init__()
         if stage not in (1, 2):
@@ -190,6 +194,7 @@ class LowLevelZeroPlugin(_ZeroPlugin):
         )
         if cpu_offload:
             self.set_offload(tier="host", optim_frac=1.0)
+        self._overlap_gather = overlap_allgather
 
 
 class GeminiPlugin(_ZeroPlugin):
