@@ -6,6 +6,8 @@
 # SECTIONS="gpt6p7b gpt12b" issue5_offload.sh, and the host AdamW figure (issue 2):
 #   taskset -c 0-15 python3 benchmarks/optim/host_adam_large.py --threads 16
 # Third: SECTIONS=largest issue5_offload.sh (about 6 minutes: NVMe traffic per step).
+# On nvidia-h200-x2, issue 8's ZeRO against FSDP2 with the step overlapped:
+#   SECTIONS=llama MODES="zero2 zero2-overlap fsdp2 zero3-early" issue8_multi_gpu.sh
 source "$(dirname "$0")/setup.sh"
 REBUILD=1 build comm zero pipeline offload
 log pytest-gpu
