@@ -35,4 +35,6 @@ def has_cuda_engine() -> bool:
     return torch.cuda.is_available() and _engine.cuda_compiled() and _engine.cuda_device_count() > 0
 
 
-gpu = pytest.mark.skipif(not has_cuda_engine(), reason="needs a CUDA GPU and megalith built with CUDA")
+gpu = pytest.mark.skipif(
+    not has_cuda_engine(), reason="needs a CUDA GPU and megalith built with CUDA"
+)

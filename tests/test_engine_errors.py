@@ -31,7 +31,9 @@ def test_wrong_dtype_names_argument():
     p, g, m, v = bufs()
     with pytest.raises(TypeError, match="exp_avg_sq: expected dtype float32, got float64"):
         _engine.adam_step_flat(p, g, m, v.double(), hyper=H, step=1)
-    with pytest.raises(TypeError, match="grad: expected dtype float32 or bfloat16 or float16, got int32"):
+    with pytest.raises(
+        TypeError, match="grad: expected dtype float32 or bfloat16 or float16, got int32"
+    ):
         _engine.adam_step_flat(p, g.int(), m, v, hyper=H, step=1)
 
 
@@ -67,7 +69,9 @@ def test_bad_step_and_amsgrad_without_buffer():
 def test_functional_names_list_and_index():
     p, g, m, v = bufs()
     with pytest.raises(TypeError, match=r"grads\[1\] is torch.float64"):
-        F.adam_step([p, p.clone()], [g, g.double()], [m, m.clone()], [v, v.clone()], step=1, lr=1e-3)
+        F.adam_step(
+            [p, p.clone()], [g, g.double()], [m, m.clone()], [v, v.clone()], step=1, lr=1e-3
+        )
     with pytest.raises(ValueError, match=r"exp_avgs\[0\] has 10 elements; expected 64"):
         F.adam_step([p], [g], [m[:10]], [v], step=1, lr=1e-3)
     with pytest.raises(ValueError, match="nonfinite: expected one of"):
@@ -110,4 +114,6 @@ def test_cuda_entry_points_explain_themselves_without_gpu():
     p, g, m, v = bufs()
     table = np.array([[p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), 0, 0]], np.int64)
     with pytest.raises((RuntimeError, ValueError), match=r"CUDA|cuda"):
-        _engine.cuda_adam_step(table, np.array([64], np.int64), H, _engine.StepArgs(), _engine.DeviceScalars(), 0)
+        _engine.cuda_adam_step(
+            table, np.array([64], np.int64), H, _engine.StepArgs(), _engine.DeviceScalars(), 0
+        )

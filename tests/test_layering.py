@@ -197,9 +197,13 @@ def test_optim_imports_only_the_engine():
     for path in sorted((ROOT / "python" / "megalith" / "optim").rglob("*.py")):
         for module, line, _ in imports_of(path.read_text()):
             if module == "megalith" or module.startswith("megalith."):
-                if not (module.startswith("megalith._engine") or module.startswith("megalith.optim")):
+                if not (
+                    module.startswith("megalith._engine") or module.startswith("megalith.optim")
+                ):
                     violations.append(f"{path.relative_to(ROOT)}:{line}: imports {module}")
-    assert not violations, "megalith.optim sits right above the engine:\n  " + "\n  ".join(violations)
+    assert not violations, "megalith.optim sits right above the engine:\n  " + "\n  ".join(
+        violations
+    )
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,20 @@ pytestmark = gpu
 def gpt_like_shapes(d=64, layers=24, vocab=1000):
     shapes = [(vocab, d), (128, d)]
     for _ in range(layers):
-        shapes += [(d,), (d,), (3 * d, d), (3 * d,), (d, d), (d,), (d,), (d,), (4 * d, d), (4 * d,), (d, 4 * d), (d,)]
+        shapes += [
+            (d,),
+            (d,),
+            (3 * d, d),
+            (3 * d,),
+            (d, d),
+            (d,),
+            (d,),
+            (d,),
+            (4 * d, d),
+            (4 * d,),
+            (d, 4 * d),
+            (d,),
+        ]
     return [*shapes, (d,), (d,)]
 
 
@@ -36,6 +49,7 @@ def run_lists(make_ours, make_ref, shapes, steps, seed):
             ours[i].grad, r32[i].grad, r64[i].grad = g.clone(), g.clone(), g.double()
         for o in opts:
             o.step()
+
     def flat(ps):
         return torch.cat([p.detach().reshape(-1) for p in ps])
 
@@ -50,14 +64,22 @@ def test_fused_adam_multi_tensor_matches_torch(amsgrad, adamw):
     ours, r32, r64 = run_lists(
         lambda ps: FusedAdam(ps, lr=1e-3, weight_decay=0.01, amsgrad=amsgrad, adamw_mode=adamw),
         lambda ps: torch_cls(ps, lr=1e-3, weight_decay=0.01, amsgrad=amsgrad, foreach=False),
-        shapes, 100, seed=int(torch.randint(0, 2**31, (1,))))
+        shapes,
+        100,
+        seed=int(torch.randint(0, 2**31, (1,))),
+    )
     assert_fp32_accurate(ours, r32, r64)
 
 
 def test_more_tensors_than_one_launch_holds():
     shapes = [(int(n),) for n in torch.randint(1, 5000, (700,))]
-    ours, r32, r64 = run_lists(lambda ps: FusedAdam(ps, lr=1e-3), lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.0, foreach=False),
-                               shapes, 10, seed=1)
+    ours, r32, r64 = run_lists(
+        lambda ps: FusedAdam(ps, lr=1e-3),
+        lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.0, foreach=False),
+        shapes,
+        10,
+        seed=1,
+    )
     assert_fp32_accurate(ours, r32, r64)
 
 
@@ -65,10 +87,25 @@ def test_more_tensors_than_one_launch_holds():
 def test_sgd_and_lion_flat(n):
     seed = int(torch.randint(0, 2**31, (1,)))
     kw = dict(momentum=0.9, nesterov=True, weight_decay=0.01)
-    assert_fp32_accurate(*run_lists(lambda ps: FusedSGD(ps, lr=1e-2, **kw),
-                                    lambda ps: torch.optim.SGD(ps, lr=1e-2, foreach=False, **kw), [(n,)], 100, seed))
-    assert_fp32_accurate(*run_lists(lambda ps: FusedLion(ps, lr=1e-4, weight_decay=0.1),
-                                    lambda ps: RefLion(ps, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1), [(n,)], 100, seed), fixed_size_steps=100)
+    assert_fp32_accurate(
+        *run_lists(
+            lambda ps: FusedSGD(ps, lr=1e-2, **kw),
+            lambda ps: torch.optim.SGD(ps, lr=1e-2, foreach=False, **kw),
+            [(n,)],
+            100,
+            seed,
+        )
+    )
+    assert_fp32_accurate(
+        *run_lists(
+            lambda ps: FusedLion(ps, lr=1e-4, weight_decay=0.1),
+            lambda ps: RefLion(ps, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1),
+            [(n,)],
+            100,
+            seed,
+        ),
+        fixed_size_steps=100,
+    )
 
 
 def test_hybrid_adam_steps_cpu_and_gpu_params_together():
@@ -134,7 +171,9 @@ def test_device_scalars_skip_unscale_and_clip():
     m, v = torch.zeros_like(p), torch.zeros_like(p)
     found = torch.ones(1, device="cuda")
     snapshot = p.clone()
-    F.adam_step([p], [g], [m], [v], step=1, lr=1e-3, device_scalars=F.DeviceScalars(found_inf=found))
+    F.adam_step(
+        [p], [g], [m], [v], step=1, lr=1e-3, device_scalars=F.DeviceScalars(found_inf=found)
+    )
     assert torch.equal(p, snapshot) and m.abs().sum().item() == 0  # skipped, no host sync needed
     # unscale by 1/100 and clip to norm 1 on the device; reference: torch
     found.zero_()
@@ -145,8 +184,15 @@ def test_device_scalars_skip_unscale_and_clip():
     ref.grad = g * 0.01
     torch.nn.utils.clip_grad_norm_([ref], 1.0)
     torch.optim.SGD([ref], lr=0.1).step()
-    F.sgd_step([p], [g], first_step=True, lr=0.1,
-               device_scalars=F.DeviceScalars(inv_scale=inv, found_inf=found, grad_sum_sq=sum_sq, max_grad_norm=1.0))
+    F.sgd_step(
+        [p],
+        [g],
+        first_step=True,
+        lr=0.1,
+        device_scalars=F.DeviceScalars(
+            inv_scale=inv, found_inf=found, grad_sum_sq=sum_sq, max_grad_norm=1.0
+        ),
+    )
     torch.testing.assert_close(p, ref.detach(), rtol=1e-5, atol=1e-6)
 
 

@@ -26,8 +26,18 @@ def test_low_precision_grads_and_copy(grad_dtype, copy_dtype, simd_level, gen):
     loss_scale = 1024.0
     for step in range(1, 11):
         g_scaled = (g.float() * loss_scale).to(grad_dtype)  # what backward under a loss scale gives
-        found = F.adam_step([p], [g_scaled], [m], [v], param_copies=[copy], step=step, lr=1e-3,
-                            weight_decay=0.01, grad_scale=1.0 / loss_scale, nonfinite="detect")
+        found = F.adam_step(
+            [p],
+            [g_scaled],
+            [m],
+            [v],
+            param_copies=[copy],
+            step=step,
+            lr=1e-3,
+            weight_decay=0.01,
+            grad_scale=1.0 / loss_scale,
+            nonfinite="detect",
+        )
         assert found is False
         ref.grad = g_scaled.double() / loss_scale
         opt.step()
@@ -38,8 +48,22 @@ def test_low_precision_grads_and_copy(grad_dtype, copy_dtype, simd_level, gen):
 
 def test_bf16_copy_rounds_like_torch(simd_level, gen):
     """Ties, subnormals, infinities and NaN in the fused bf16/fp16 conversion."""
-    special = torch.tensor([1.0 + 2**-8, 1.0 + 3 * 2**-8, -(1.0 + 2**-8), 6e-41, -1e-45, 65504.0, 65520.0,
-                            1e-8, 3.0e38, float("inf"), float("-inf"), float("nan")])
+    special = torch.tensor(
+        [
+            1.0 + 2**-8,
+            1.0 + 3 * 2**-8,
+            -(1.0 + 2**-8),
+            6e-41,
+            -1e-45,
+            65504.0,
+            65520.0,
+            1e-8,
+            3.0e38,
+            float("inf"),
+            float("-inf"),
+            float("nan"),
+        ]
+    )
     p = torch.cat([special, torch.randn(1000, generator=gen) * 1e4]).contiguous()
     n = p.numel()
     for dtype in (torch.bfloat16, torch.float16):
@@ -74,7 +98,10 @@ def test_nonfinite_ignored_when_not_asked(gen):
 
 
 def test_grad_stats_matches_torch(simd_level, gen):
-    grads = [torch.randn(n, generator=gen).to(dt) for n, dt in ((1, torch.float32), (1 << 16, torch.float32), (999, torch.float32))]
+    grads = [
+        torch.randn(n, generator=gen).to(dt)
+        for n, dt in ((1, torch.float32), (1 << 16, torch.float32), (999, torch.float32))
+    ]
     sum_sq, bad = F.grad_stats(grads, scale=0.5)
     want = sum(float((g.double() * 0.5).pow(2).sum()) for g in grads)
     assert abs(sum_sq - want) <= 1e-6 * want and bad is False

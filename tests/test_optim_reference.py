@@ -80,9 +80,16 @@ def assert_fp32_accurate(ours, ref32, ref64, fixed_size_steps=0):
 
 ADAM_CASES = {
     "adamw": dict(cls=torch.optim.AdamW, kw=dict(weight_decay=0.01), ours=dict(weight_decay=0.01)),
-    "adam_l2": dict(cls=torch.optim.Adam, kw=dict(weight_decay=0.01), ours=dict(weight_decay=0.01, adamw_mode=False)),
-    "amsgrad_maximize": dict(cls=torch.optim.AdamW, kw=dict(amsgrad=True, maximize=True, weight_decay=0.1),
-                             ours=dict(amsgrad=True, maximize=True, weight_decay=0.1)),
+    "adam_l2": dict(
+        cls=torch.optim.Adam,
+        kw=dict(weight_decay=0.01),
+        ours=dict(weight_decay=0.01, adamw_mode=False),
+    ),
+    "amsgrad_maximize": dict(
+        cls=torch.optim.AdamW,
+        kw=dict(amsgrad=True, maximize=True, weight_decay=0.1),
+        ours=dict(amsgrad=True, maximize=True, weight_decay=0.1),
+    ),
 }
 
 
@@ -95,7 +102,9 @@ def test_adam_matches_torch(case, n, simd_level, gen):
     ours, r32, r64 = run_three(
         lambda ps: CPUAdam(ps, lr=1e-3, **c["ours"]),
         lambda ps: c["cls"](ps, lr=1e-3, foreach=False, **c["kw"]),
-        n, 100, gen,
+        n,
+        100,
+        gen,
     )
     assert_fp32_accurate(ours, r32, r64)
 
@@ -130,7 +139,9 @@ def test_sgd_matches_torch(case, n, simd_level, gen):
     ours, r32, r64 = run_three(
         lambda ps: CPUSGD(ps, lr=1e-2, **kw),
         lambda ps: torch.optim.SGD(ps, lr=1e-2, foreach=False, **kw),
-        n, 100, gen,
+        n,
+        100,
+        gen,
     )
     assert_fp32_accurate(ours, r32, r64)
 
@@ -140,7 +151,9 @@ def test_lion_matches_reference(n, simd_level, gen):
     ours, r32, r64 = run_three(
         lambda ps: CPULion(ps, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1),
         lambda ps: RefLion(ps, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1),
-        n, 100, gen,
+        n,
+        100,
+        gen,
     )
     assert_fp32_accurate(ours, r32, r64, fixed_size_steps=100)
 
@@ -151,8 +164,11 @@ def test_param_groups_and_missing_grads(gen):
     c = torch.nn.Parameter(torch.randn(4, generator=gen))
     ref = [torch.nn.Parameter(t.detach().clone()) for t in (a, b, c)]
     ours = CPUAdam([{"params": [a, c]}, {"params": [b], "lr": 1e-1, "weight_decay": 0.5}], lr=1e-2)
-    theirs = torch.optim.AdamW([{"params": [ref[0], ref[2]]}, {"params": [ref[1]], "lr": 1e-1, "weight_decay": 0.5}],
-                               lr=1e-2, weight_decay=0.0)
+    theirs = torch.optim.AdamW(
+        [{"params": [ref[0], ref[2]]}, {"params": [ref[1]], "lr": 1e-1, "weight_decay": 0.5}],
+        lr=1e-2,
+        weight_decay=0.0,
+    )
     for step in range(5):
         for x, y in zip((a, b, c), ref):
             g = torch.randn(x.shape, generator=gen)

@@ -24,11 +24,14 @@ def batches(gen, k=8):
     return [(torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)) for _ in range(k)]
 
 
-@pytest.mark.parametrize("ours_cls,torch_cls,kw", [
-    (CPUAdam, torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.01)),
-    (HybridAdam, torch.optim.Adam, dict(lr=1e-2, amsgrad=True)),
-    (CPUSGD, torch.optim.SGD, dict(lr=1e-2, momentum=0.9, nesterov=True)),
-])
+@pytest.mark.parametrize(
+    "ours_cls,torch_cls,kw",
+    [
+        (CPUAdam, torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.01)),
+        (HybridAdam, torch.optim.Adam, dict(lr=1e-2, amsgrad=True)),
+        (CPUSGD, torch.optim.SGD, dict(lr=1e-2, momentum=0.9, nesterov=True)),
+    ],
+)
 def test_round_trip_both_ways(ours_cls, torch_cls, kw, gen):
     data = batches(gen)
     extra = {} if torch_cls is not torch.optim.Adam else {"adamw_mode": False}

@@ -28,7 +28,14 @@ def saved(tmp_path_factory):
     cases = [
         Case(stage=2, steps=STEPS, save_after=SAVE_AT, save_dir=str(root / "s2"), max_norm=0.5),
         Case(stage=3, steps=STEPS, save_after=SAVE_AT, save_dir=str(root / "s3"), max_norm=0.5),
-        Case(stage=1, steps=STEPS, save_after=SAVE_AT, save_dir=str(root / "f1"), max_norm=0.5, full=True),
+        Case(
+            stage=1,
+            steps=STEPS,
+            save_after=SAVE_AT,
+            save_dir=str(root / "f1"),
+            max_norm=0.5,
+            full=True,
+        ),
     ]
     results = run_grid(train, cases, 4, timeout=240)
     return root, [r[0][0] for r in results]
@@ -42,7 +49,14 @@ def test_reshard_from_4(saved, world_size):
     cases = [
         Case(stage=3, steps=STEPS, resume=str(root / "s2"), first_step=SAVE_AT, max_norm=0.5),
         Case(stage=1, steps=STEPS, resume=str(root / "s3"), first_step=SAVE_AT, max_norm=0.5),
-        Case(stage=2, steps=STEPS, resume=str(root / "f1"), first_step=SAVE_AT, max_norm=0.5, full=True),
+        Case(
+            stage=2,
+            steps=STEPS,
+            resume=str(root / "f1"),
+            first_step=SAVE_AT,
+            max_norm=0.5,
+            full=True,
+        ),
     ]
     for case, per_rank in zip(cases, run_grid(train, cases, world_size, timeout=240)):
         losses, params = per_rank[0]

@@ -69,11 +69,17 @@ def main() -> None:
             add("buffered write + fsync | megalith", _megalith(path, n, False, True))
     finally:
         path.unlink(missing_ok=True)
-    lines = [f"# Engine async file I/O beside dd: {n >> 20} MiB in {a.dir}, {a.rounds} rounds (GB/s, median [min-max])",
-             "", "| transfer | tool | GB/s |", "|---|---|---|"]
+    lines = [
+        f"# Engine async file I/O beside dd: {n >> 20} MiB in {a.dir}, {a.rounds} rounds (GB/s, median [min-max])",
+        "",
+        "| transfer | tool | GB/s |",
+        "|---|---|---|",
+    ]
     for key, v in rows.items():
         what, tool = key.split(" | ")
-        lines.append(f"| {what} | {tool} | {statistics.median(v):.2f} [{min(v):.2f}-{max(v):.2f}] |")
+        lines.append(
+            f"| {what} | {tool} | {statistics.median(v):.2f} [{min(v):.2f}-{max(v):.2f}] |"
+        )
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

@@ -28,8 +28,9 @@ class EngineOptimizer(torch.optim.Optimizer):
     def _bucket_key(self, state: dict[str, Any]) -> Any:
         raise NotImplementedError
 
-    def _step_bucket(self, group: dict[str, Any], params: list[torch.Tensor], key: Any,
-                     grad_scale: float) -> bool:
+    def _step_bucket(
+        self, group: dict[str, Any], params: list[torch.Tensor], key: Any, grad_scale: float
+    ) -> bool:
         raise NotImplementedError
 
     # -- shared -----------------------------------------------------------

@@ -50,16 +50,26 @@ class _EngineAdam(EngineOptimizer):
         if weight_decay < 0.0:
             raise ValueError(f"{name}: invalid weight_decay {weight_decay}; expected >= 0")
         if capturable or differentiable:
-            raise ValueError(f"{name}: capturable/differentiable are not supported; use torch.optim.AdamW for those")
+            raise ValueError(
+                f"{name}: capturable/differentiable are not supported; use torch.optim.AdamW for those"
+            )
         if nvme_offload_fraction:
             raise NotImplementedError(
                 f"{name}: NVMe offload of optimizer states arrives with megalith-offload; "
                 "pass nvme_offload_fraction=0.0 for now"
             )
-        if adamw_mode is not None and decoupled_weight_decay is not None and adamw_mode != decoupled_weight_decay:
-            raise ValueError(f"{name}: adamw_mode={adamw_mode} contradicts decoupled_weight_decay={decoupled_weight_decay}")
-        decoupled = self._default_decoupled if adamw_mode is None and decoupled_weight_decay is None else bool(
-            adamw_mode if adamw_mode is not None else decoupled_weight_decay
+        if (
+            adamw_mode is not None
+            and decoupled_weight_decay is not None
+            and adamw_mode != decoupled_weight_decay
+        ):
+            raise ValueError(
+                f"{name}: adamw_mode={adamw_mode} contradicts decoupled_weight_decay={decoupled_weight_decay}"
+            )
+        decoupled = (
+            self._default_decoupled
+            if adamw_mode is None and decoupled_weight_decay is None
+            else bool(adamw_mode if adamw_mode is not None else decoupled_weight_decay)
         )
         defaults = dict(
             lr=lr,
@@ -97,8 +107,9 @@ class _EngineAdam(EngineOptimizer):
     def _bucket_key(self, state: dict[str, Any]) -> Any:
         return int(state["step"]) + 1
 
-    def _step_bucket(self, group: dict[str, Any], params: list[torch.Tensor], step: int,
-                     grad_scale: float) -> bool:
+    def _step_bucket(
+        self, group: dict[str, Any], params: list[torch.Tensor], step: int, grad_scale: float
+    ) -> bool:
         states = [self.state[p] for p in params]
         amsgrad = group["amsgrad"]
         if amsgrad:
@@ -130,7 +141,9 @@ class CPUAdam(_EngineAdam):
     """Adam/AdamW for parameters in host memory: the engine's SIMD kernel on all cores."""
 
     devices = frozenset({"cpu"})
-    other_device_hint = "Use HybridAdam for a mix of CPU and GPU parameters, or FusedAdam on the GPU."
+    other_device_hint = (
+        "Use HybridAdam for a mix of CPU and GPU parameters, or FusedAdam on the GPU."
+    )
 
 
 class FusedAdam(_EngineAdam):

@@ -49,7 +49,9 @@ class DeviceScalars:
             if t is None:
                 return 0
             if t.dtype != torch.float32 or t.numel() != 1 or not t.is_cuda:
-                raise ValueError(f"DeviceScalars.{name}: expected a one-element float32 CUDA tensor")
+                raise ValueError(
+                    f"DeviceScalars.{name}: expected a one-element float32 CUDA tensor"
+                )
             return t.data_ptr()
 
         return _engine.DeviceScalars(
@@ -77,7 +79,13 @@ def _build_table(
         raise ValueError(f"{op}: got {n} params but {len(param_copies)} param_copies")
     if n == 0:
         empty = torch.zeros((0, 6), dtype=torch.int64)
-        return empty, torch.zeros(0, dtype=torch.int64), torch.device("cpu"), torch.float32, torch.bfloat16
+        return (
+            empty,
+            torch.zeros(0, dtype=torch.int64),
+            torch.device("cpu"),
+            torch.float32,
+            torch.bfloat16,
+        )
 
     device = params[0].device
     grad_dtype = grads[0].dtype
@@ -100,7 +108,9 @@ def _build_table(
             if t.dtype != dtype:
                 raise TypeError(f"{op}: {name}[{i}] is {t.dtype}; expected {dtype}")
             if t.device != device:
-                raise ValueError(f"{op}: {name}[{i}] is on {t.device}; expected {device} like params[0]")
+                raise ValueError(
+                    f"{op}: {name}[{i}] is on {t.device}; expected {device} like params[0]"
+                )
             if t.numel() != numel:
                 raise ValueError(
                     f"{op}: {name}[{i}] has {t.numel()} elements; expected {numel} like params[{i}]"
@@ -138,7 +148,9 @@ def _run(
     nonfinite: str,
     device_scalars: DeviceScalars | None,
 ) -> bool:
-    table, numels, device, grad_dtype, copy_dtype = _build_table(op, params, grads, states, param_copies)
+    table, numels, device, grad_dtype, copy_dtype = _build_table(
+        op, params, grads, states, param_copies
+    )
     if table.shape[0] == 0:
         return False
     args = _engine.StepArgs(
@@ -150,7 +162,9 @@ def _run(
     )
     if device.type == "cpu":
         if device_scalars is not None:
-            raise ValueError(f"{op}: device_scalars are for CUDA tensors; pass grad_scale on the CPU")
+            raise ValueError(
+                f"{op}: device_scalars are for CUDA tensors; pass grad_scale on the CPU"
+            )
         return bool(cpu_fn(table.numpy(), numels.numpy(), hyper, args))
     if nonfinite != "ignore":
         raise ValueError(
@@ -199,9 +213,25 @@ def adam_step(
         bias_correction=bias_correction,
         maximize=maximize,
     )
-    states = [("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs), ("max_exp_avg_sqs", max_exp_avg_sqs if amsgrad else None)]
-    return _run("adam_step", _engine.cpu_adam_step, _engine.cuda_adam_step, hyper, params, grads,
-                states, param_copies, step, grad_scale, nonfinite, device_scalars)
+    states = [
+        ("exp_avgs", exp_avgs),
+        ("exp_avg_sqs", exp_avg_sqs),
+        ("max_exp_avg_sqs", max_exp_avg_sqs if amsgrad else None),
+    ]
+    return _run(
+        "adam_step",
+        _engine.cpu_adam_step,
+        _engine.cuda_adam_step,
+        hyper,
+        params,
+        grads,
+        states,
+        param_copies,
+        step,
+        grad_scale,
+        nonfinite,
+        device_scalars,
+    )
 
 
 def sgd_step(
@@ -225,11 +255,29 @@ def sgd_step(
     to the (decayed) gradient, as torch.optim.SGD does when it creates it."""
     if momentum != 0.0 and momentum_buffers is None:
         raise ValueError("sgd_step: momentum != 0 needs momentum_buffers")
-    hyper = _engine.SgdHyper(lr=lr, momentum=momentum, dampening=dampening,
-                             weight_decay=weight_decay, nesterov=nesterov, maximize=maximize)
+    hyper = _engine.SgdHyper(
+        lr=lr,
+        momentum=momentum,
+        dampening=dampening,
+        weight_decay=weight_decay,
+        nesterov=nesterov,
+        maximize=maximize,
+    )
     states = [("momentum_buffers", momentum_buffers if momentum != 0.0 else None)]
-    return _run("sgd_step", _engine.cpu_sgd_step, _engine.cuda_sgd_step, hyper, params, grads,
-                states, param_copies, 1 if first_step else 2, grad_scale, nonfinite, device_scalars)
+    return _run(
+        "sgd_step",
+        _engine.cpu_sgd_step,
+        _engine.cuda_sgd_step,
+        hyper,
+        params,
+        grads,
+        states,
+        param_copies,
+        1 if first_step else 2,
+        grad_scale,
+        nonfinite,
+        device_scalars,
+    )
 
 
 def lion_step(
@@ -248,10 +296,23 @@ def lion_step(
     device_scalars: DeviceScalars | None = None,
 ) -> bool:
     """One fused Lion step (Chen et al., 2023)."""
-    hyper = _engine.LionHyper(lr=lr, beta1=betas[0], beta2=betas[1], weight_decay=weight_decay,
-                              maximize=maximize)
-    return _run("lion_step", _engine.cpu_lion_step, _engine.cuda_lion_step, hyper, params, grads,
-                [("exp_avgs", exp_avgs)], param_copies, step, grad_scale, nonfinite, device_scalars)
+    hyper = _engine.LionHyper(
+        lr=lr, beta1=betas[0], beta2=betas[1], weight_decay=weight_decay, maximize=maximize
+    )
+    return _run(
+        "lion_step",
+        _engine.cpu_lion_step,
+        _engine.cuda_lion_step,
+        hyper,
+        params,
+        grads,
+        [("exp_avgs", exp_avgs)],
+        param_copies,
+        step,
+        grad_scale,
+        nonfinite,
+        device_scalars,
+    )
 
 
 def grad_stats(grads: Tensors, *, scale: float = 1.0) -> tuple[float, bool]:
@@ -264,7 +325,9 @@ def grad_stats(grads: Tensors, *, scale: float = 1.0) -> tuple[float, bool]:
             raise ValueError(f"grad_stats: grads[{i}] must be a contiguous CPU tensor of {dtype}")
     ptrs = torch.tensor([g.data_ptr() for g in grads], dtype=torch.int64)
     numels = torch.tensor([g.numel() for g in grads], dtype=torch.int64)
-    sum_sq, bad = _engine.cpu_grad_stats(ptrs.numpy(), numels.numpy(), engine_dtype(dtype, "grads"), scale)
+    sum_sq, bad = _engine.cpu_grad_stats(
+        ptrs.numpy(), numels.numpy(), engine_dtype(dtype, "grads"), scale
+    )
     return float(sum_sq), bool(bad)
 
 
@@ -284,13 +347,22 @@ def grad_check(
     dtype, device = grads[0].dtype, grads[0].device
     for i, g in enumerate(grads):
         if not g.is_cuda or g.device != device or g.dtype != dtype or not g.is_contiguous():
-            raise ValueError(f"grad_check: grads[{i}] must be a contiguous {dtype} tensor on {device}")
-    scalars = DeviceScalars(inv_scale=inv_scale, found_inf=found_inf, grad_sum_sq=sum_sq).to_engine()
+            raise ValueError(
+                f"grad_check: grads[{i}] must be a contiguous {dtype} tensor on {device}"
+            )
+    scalars = DeviceScalars(
+        inv_scale=inv_scale, found_inf=found_inf, grad_sum_sq=sum_sq
+    ).to_engine()
     ptrs = torch.tensor([g.data_ptr() for g in grads], dtype=torch.int64)
     numels = torch.tensor([g.numel() for g in grads], dtype=torch.int64)
     with torch.cuda.device(device):
         _engine.cuda_grad_check(
-            ptrs.numpy(), numels.numpy(), engine_dtype(dtype, "grads"), scalars.inv_scale,
-            unscale_in_place, scalars.found_inf, scalars.grad_sum_sq,
+            ptrs.numpy(),
+            numels.numpy(),
+            engine_dtype(dtype, "grads"),
+            scalars.inv_scale,
+            unscale_in_place,
+            scalars.found_inf,
+            scalars.grad_sum_sq,
             torch.cuda.current_stream(device).cuda_stream,
         )

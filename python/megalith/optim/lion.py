@@ -27,7 +27,9 @@ class _EngineLion(EngineOptimizer):
         for i, b in enumerate(betas):
             if not 0.0 <= b < 1.0:
                 raise ValueError(f"{name}: invalid beta{i + 1} {b}; expected 0 <= beta < 1")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay, maximize=maximize))
+        super().__init__(
+            params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay, maximize=maximize)
+        )
 
     def _init_state(self, p: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         state["step"] = new_step_tensor()
@@ -36,8 +38,9 @@ class _EngineLion(EngineOptimizer):
     def _bucket_key(self, state: dict[str, Any]) -> Any:
         return None  # Lion has no bias correction: every parameter steps together
 
-    def _step_bucket(self, group: dict[str, Any], params: list[torch.Tensor], key: Any,
-                     grad_scale: float) -> bool:
+    def _step_bucket(
+        self, group: dict[str, Any], params: list[torch.Tensor], key: Any, grad_scale: float
+    ) -> bool:
         states = [self.state[p] for p in params]
         found = lion_step(
             params,
@@ -58,7 +61,9 @@ class CPULion(_EngineLion):
     """Lion for host parameters."""
 
     devices = frozenset({"cpu"})
-    other_device_hint = "Use HybridLion for a mix of CPU and GPU parameters, or FusedLion on the GPU."
+    other_device_hint = (
+        "Use HybridLion for a mix of CPU and GPU parameters, or FusedLion on the GPU."
+    )
 
 
 class FusedLion(_EngineLion):

@@ -28,14 +28,26 @@ class _EngineSGD(EngineOptimizer):
     ) -> None:
         name = type(self).__name__
         if lr < 0.0 or momentum < 0.0 or weight_decay < 0.0:
-            raise ValueError(f"{name}: lr ({lr}), momentum ({momentum}) and weight_decay ({weight_decay}) must be >= 0")
+            raise ValueError(
+                f"{name}: lr ({lr}), momentum ({momentum}) and weight_decay ({weight_decay}) must be >= 0"
+            )
         if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError(f"{name}: nesterov needs momentum > 0 and dampening == 0 (got {momentum}, {dampening})")
+            raise ValueError(
+                f"{name}: nesterov needs momentum > 0 and dampening == 0 (got {momentum}, {dampening})"
+            )
         if differentiable:
             raise ValueError(f"{name}: differentiable=True is not supported; use torch.optim.SGD")
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                        nesterov=nesterov, maximize=maximize, foreach=None, differentiable=False,
-                        fused=None)
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+            maximize=maximize,
+            foreach=None,
+            differentiable=False,
+            fused=None,
+        )
         super().__init__(params, defaults)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -50,14 +62,17 @@ class _EngineSGD(EngineOptimizer):
     def _bucket_key(self, state: dict[str, Any]) -> Any:
         return state.get("momentum_buffer") is None  # first step with momentum
 
-    def _step_bucket(self, group: dict[str, Any], params: list[torch.Tensor], first: bool,
-                     grad_scale: float) -> bool:
+    def _step_bucket(
+        self, group: dict[str, Any], params: list[torch.Tensor], first: bool, grad_scale: float
+    ) -> bool:
         momentum = group["momentum"]
         buffers = None
         if momentum != 0.0:
             if first:
                 for p in params:
-                    self.state[p]["momentum_buffer"] = torch.empty_like(p, memory_format=torch.preserve_format)
+                    self.state[p]["momentum_buffer"] = torch.empty_like(
+                        p, memory_format=torch.preserve_format
+                    )
             buffers = [self.state[p]["momentum_buffer"] for p in params]
         return sgd_step(
             params,
