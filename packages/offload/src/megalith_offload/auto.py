@@ -116,9 +116,12 @@ class NonModelMeter:
             ptr = storage.data_ptr()
             if ptr in seen or t.device.type != self.device.type:
                 return t
-            seen.add(ptr)
             # Asked each time: stage 3 gathers chunks into new memory as forward runs.
+            # Only counted storages join `seen`: a chunk released at stage 3 frees its
+            # address, which a later activation may get; saved activations themselves
+            # stay alive until backward, so their addresses are never reused here.
             if ptr not in set(self.model_storages()):
+                seen.add(ptr)
                 total += storage.nbytes()
                 self.peak = max(self.peak, total)
             return t
