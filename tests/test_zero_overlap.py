@@ -49,25 +49,14 @@ def _resume(rank: int, path: str) -> dict:
     opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
     config = zero.ZeroConfig(stage=2, chunk_bytes=2048, overlap_param_gather=True)
     zmodel, zopt = zero.shard(model, opt, config)
-    n = zmodel.group.size
-    rows = toy.BATCH // n
-    mine = slice(rank * rows, (rank + 1) * rows)
-
-    def step(x, y) -> float:
-        loss = toy.loss_fn(zmodel, x[mine], y[mine])
-        zopt.backward(loss)
-        zopt.step()
-        zopt.zero_grad()
-        return float(loss.detach())
-
     data = [micro[0] for micro in toy.batches(3, 5, 1)]
     for x, y in data[:3]:
-        step(x, y)
+        toy.zero_step(zmodel, zopt, x, y)
     zero.save_sharded(zmodel, zopt, path)
-    first = [step(x, y) for x, y in data[3:]]
+    first = [toy.zero_step(zmodel, zopt, x, y) for x, y in data[3:]]
     assert zmodel.deferred._pending, "the last step's gathers should still be pending"
     zero.load_sharded(zmodel, zopt, path)
-    again = [step(x, y) for x, y in data[3:]]
+    again = [toy.zero_step(zmodel, zopt, x, y) for x, y in data[3:]]
     return {"first": first, "again": again}
 
 

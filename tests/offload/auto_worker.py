@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import torch
 
-import megalith_comm as comm
 import megalith_zero as zero
 from megalith_offload import OffloadConfig
 
@@ -62,27 +61,16 @@ def _device_peak(report) -> int:
 
 def train(rank: int, case: Auto):
     """Trains; a dict of results, or ("error", type, message) when it fails."""
-    n = comm.get_world().world_size
     model = toy.make_model(0)
     opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
     try:
         zmodel, zopt = zero.shard(model, opt, _config(case))
     except (ValueError, MemoryError) as e:
         return ("error", type(e).__name__, str(e))
-    rows = toy.BATCH // n
     losses, out = [], {}
     try:
         for step, micro in enumerate(toy.batches(0, case.steps, 1), start=1):
-            x, y = micro[0]
-            loss = toy.loss_fn(
-                zmodel, x[rank * rows : (rank + 1) * rows], y[rank * rows : (rank + 1) * rows]
-            )
-            zopt.backward(loss)
-            zopt.step()
-            zopt.zero_grad()
-            total = loss.detach().double()
-            comm.all_reduce(total, op="avg")
-            losses.append(float(total))
+            losses.append(toy.zero_step(zmodel, zopt, *micro[0]))
             if step == 1 and zopt.placement is not None:
                 p = zopt.placement
                 out["warmup_peak"] = _device_peak(zmodel.memory_report())

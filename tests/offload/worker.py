@@ -70,22 +70,11 @@ def _train(rank: int, case: Case):
 
 
 def _run(rank: int, n: int, case: Case, zmodel, zopt) -> dict:
-    rows = toy.BATCH // n
     losses = []
     zmodel.memory.reset_peak()
     for micro in toy.batches(0, case.steps, 1):
         x, y = (t.to(case.device) for t in micro[0])
-        loss = toy.loss_fn(
-            zmodel, x[rank * rows : (rank + 1) * rows], y[rank * rows : (rank + 1) * rows]
-        )
-        zopt.backward(loss)
-        if case.max_norm is not None:
-            zopt.clip_grad_norm_(case.max_norm)
-        zopt.step()
-        zopt.zero_grad()
-        total = loss.detach().double()
-        comm.all_reduce(total, op="avg")
-        losses.append(float(total))
+        losses.append(toy.zero_step(zmodel, zopt, x, y, case.max_norm))
     report = {k: (u.current_bytes, u.peak_bytes) for k, u in zmodel.memory_report().items()}
     tiers = [c.tier for c in zmodel.chunks if c.trainable]
     store = zopt.offloader.swap if zopt.offloader else None

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+import megalith_comm as comm
+
 VOCAB, DIM, BATCH, SEQ = 37, 19, 12, 5
 
 
@@ -65,6 +67,22 @@ def batches(
 
 def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(model(x).reshape(-1, VOCAB).float(), y.reshape(-1))
+
+
+def zero_step(zmodel, zopt, x: torch.Tensor, y: torch.Tensor, max_norm: float | None = None):
+    """One megalith_zero step on this rank's rows of the batch (BATCH splits evenly over
+    the group); returns the loss averaged over the group."""
+    rank, n = zmodel.group.rank, zmodel.group.size
+    rows = slice(rank * BATCH // n, (rank + 1) * BATCH // n)
+    loss = loss_fn(zmodel, x[rows], y[rows])
+    zopt.backward(loss)
+    if max_norm is not None:
+        zopt.clip_grad_norm_(max_norm)
+    zopt.step()
+    zopt.zero_grad()
+    total = loss.detach().double()
+    comm.all_reduce(total, op="avg", group=zmodel.group)
+    return float(total)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -93,10 +93,6 @@ class HostStepper:
             weakref.finalize(self, self._queue.put, None)
         self._queue.put(job)
 
-    @property
-    def busy(self) -> bool:
-        return bool(self._jobs)
-
     def wait(self) -> None:
         """Returns when every queued update is done; on CUDA the caller's current stream
         then waits for the last parameter copy. Re-raises a worker's error."""

@@ -52,12 +52,11 @@ def _sum_sq(grads: list[torch.Tensor]) -> tuple[float, bool]:
         by_dtype.setdefault(g.dtype, []).append(g)
     for group in by_dtype.values():
         if group[0].is_cuda:  # the engine's fused pass: reads each gradient once
-            found = torch.zeros(1, dtype=torch.float32, device=group[0].device)
-            s_dev = torch.zeros_like(found)
-            F.grad_check(group, found, s_dev)
-            s = float(s_dev)
+            out = torch.zeros(2, dtype=torch.float32, device=group[0].device)
+            F.grad_check(group, out[0:1], out[1:2])  # found_inf, sum of squares
+            found, s = out.tolist()  # one host read for both
             sum_sq += s
-            bad = bad or float(found) > 0 or not math.isfinite(s)
+            bad = bad or found > 0 or not math.isfinite(s)
         else:
             s, b = F.grad_stats(group)
             sum_sq, bad = sum_sq + s, bad or b
