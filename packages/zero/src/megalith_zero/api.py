@@ -228,6 +228,9 @@ def shard(
         )
         for spec in layout.chunks
     ]
+    # The parameters now live in chunk memory: their old storage, cached by torch, goes
+    # back to the driver (at 12B in fp32 that is 49 GB the engine's pool needs).
+    memory.release_torch_cache()
     # Its own group for parameter gathers (see stage3.py for why).
     gathers = comm.new_groups(partition, name=f"{group.name}.zero_gather", exclusive=True)
     gather_group = next(g for g in gathers if g is not None)

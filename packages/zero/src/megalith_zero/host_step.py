@@ -24,6 +24,7 @@ while backward goes on is safe. On CPU ranks the same queue runs with plain copi
 
 from __future__ import annotations
 
+import atexit
 import collections
 import queue
 import threading
@@ -89,6 +90,7 @@ class HostStepper:
                 daemon=True,
             )
             self._thread.start()
+            _LIVE.add(self)
             # a stepper dropped without close() still stops its worker (and frees staging)
             weakref.finalize(self, self._queue.put, None)
         self._queue.put(job)
@@ -158,6 +160,20 @@ class HostStepper:
             up = torch.cuda.Event()
             up.record(self._up)
         self._up_done[job.slot] = self._last_up = up
+
+
+#: steppers whose worker runs; joined at interpreter exit (see _close_all)
+_LIVE: weakref.WeakSet[HostStepper] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """A daemon worker still alive when the interpreter finalizes is stopped inside
+    whatever C++ call it is in (Python ends such threads with pthread_exit), which
+    aborts the process ("terminate called without an active exception"). Join them
+    while the interpreter still runs."""
+    for stepper in list(_LIVE):
+        stepper.close()
 
 
 def _serve(jobs: queue.Queue, ref: weakref.ref) -> None:

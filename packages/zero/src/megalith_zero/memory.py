@@ -72,8 +72,24 @@ class StateMemory:
         """A 1-D tensor of `numel` elements in engine memory, counted under `kind`.
         The memory goes back to the engine when the last view of it dies."""
         itemsize = torch.empty((), dtype=dtype).element_size()
-        buf = self._stats[kind].allocate(max(numel, 1) * itemsize, 256)
+        nbytes = max(numel, 1) * itemsize
+        try:
+            buf = self._stats[kind].allocate(nbytes, 256)
+        except MemoryError:
+            if self.device.type != "cuda":
+                raise
+            # torch's caching allocator may hold freed blocks the engine's pool cannot
+            # reuse (the model's original parameters, last step's activations): give
+            # them back to the driver and try once more.
+            torch.cuda.empty_cache()
+            buf = self._stats[kind].allocate(nbytes, 256)
         return torch.from_dlpack(buf.view(_ENGINE_DTYPE[dtype], numel))
+
+    def release_torch_cache(self) -> None:
+        """Returns torch's cached free device blocks to the driver, so that the engine's
+        pool can have them (called once the model's parameters moved into chunks)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def zeros(self, kind: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return self.empty(kind, numel, dtype).zero_()
