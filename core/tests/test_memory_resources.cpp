@@ -1,6 +1,10 @@
 // The resource conformance suite on the host resources and adaptors, plus
 // what is particular to the pool and the adaptors. GPU resources:
 // test_memory_resources_gpu.cpp.
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include "megalith/memory/buffer.h"
@@ -24,6 +28,44 @@ TEST(host_conforms) {
   run_conformance(
       {"host", host, host_copy(), host_copy(), std::size_t{1} << 50, {"'host'", "1.0 PiB"}});
 }
+
+#if defined(__linux__)
+namespace {
+// The VmFlags line of the /proc/self/smaps entry whose range holds `p` ("" if none).
+std::string vm_flags_of(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto addr = reinterpret_cast<std::uintptr_t>(p);
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    std::uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-') {
+      inside = lo <= addr && addr < hi;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+}  // namespace
+
+TEST(host_large_blocks_are_huge_page_aligned_and_advised) {
+  mm::HostResource res;
+  const std::size_t bytes = 9 * mm::HostResource::kHugePageBytes + 12345;
+  void* p = res.allocate(bytes, 64);
+  CHECK(reinterpret_cast<std::uintptr_t>(p) % mm::HostResource::kHugePageBytes == 0);
+  std::string thp;
+  std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled") >> thp;
+  const std::string flags = vm_flags_of(p);
+  res.deallocate(p, bytes, 64);
+  if (thp.empty() || flags.empty()) SKIP("no transparent huge pages or smaps here");
+  CHECK(flags.find(" hg") != std::string::npos);  // MADV_HUGEPAGE took
+  void* small = res.allocate(4096, 64);  // small blocks stay with the C library as they were
+  res.deallocate(small, 4096, 64);
+}
+#endif
 
 TEST(pool_host_conforms) {
   run_conformance({"pool(host)",

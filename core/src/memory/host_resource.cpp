@@ -1,4 +1,7 @@
-// Pageable host memory, aligned by the C library.
+// Pageable host memory, aligned by the C library. Large blocks are 2 MiB aligned and
+// advised for transparent huge pages: the CPU optimizer streams tens of GB per step, and
+// with 4 KiB pages the TLB misses cost it about a fifth of its speed on a 16-core host
+// (benchmarks/optim/host_adam_large.py: 4.1 against 5.1 Gparam/s over 1e9 params).
 #include "megalith/memory/host_resource.h"
 
 #include <cerrno>
@@ -10,6 +13,7 @@
 #if defined(_WIN32)
 #include <malloc.h>
 #else
+#include <sys/mman.h>
 #include <unistd.h>
 #endif
 
@@ -27,6 +31,8 @@ std::size_t host_available_bytes() {
 void* HostResource::do_allocate(std::size_t bytes, std::size_t alignment) {
   // posix_memalign needs a multiple of sizeof(void*); malloc's own alignment is free anyway.
   if (alignment < alignof(std::max_align_t)) alignment = alignof(std::max_align_t);
+  const bool huge = bytes >= kHugePageBytes;
+  if (huge && alignment < kHugePageBytes) alignment = kHugePageBytes;
   void* p = nullptr;
 #if defined(_WIN32)
   p = _aligned_malloc(bytes, alignment);
@@ -38,6 +44,11 @@ void* HostResource::do_allocate(std::size_t bytes, std::size_t alignment) {
     throw_out_of_memory(*this, bytes, host_available_bytes(), "the C library refused it",
                         MEGALITH_WHERE);
   }
+#if defined(MADV_HUGEPAGE)
+  // Advice only: where the kernel has THP off, this fails or does nothing, and the
+  // memory is as good as before.
+  if (huge) (void)madvise(p, bytes - bytes % kHugePageBytes, MADV_HUGEPAGE);
+#endif
   return p;
 }
 
