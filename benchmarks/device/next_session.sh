@@ -1,20 +1,35 @@
 #!/usr/bin/env bash
-# Next GPU session, first call (nvidia-h200-x2; on one GPU the two-GPU parts skip): build,
-# the GPU tests of the 2026-11-30 code (the pipelined host update and parameter offload,
-# p2p links and pipelines, ZeRO's fused-norm path), the pipeline schedules on both GPUs
-# (issues 6 and 8), then the 1.3B offload runs pinned to 16 cores (issue 5). Second call:
-# SECTIONS="gpt6p7b gpt12b" issue5_offload.sh, and the host AdamW figure (issue 2):
-#   taskset -c 0-15 python3 benchmarks/optim/host_adam_large.py --threads 16
-# Third: SECTIONS=largest issue5_offload.sh (about 6 minutes: NVMe traffic per step).
-# On nvidia-h200-x2, issue 8's ZeRO against FSDP2 with the step overlapped:
-#   SECTIONS=llama MODES="zero2 zero2-overlap fsdp2 zero3-early" issue8_multi_gpu.sh
+# Next GPU session, first call (nvidia-h200 or -x2; the two-GPU tests skip on one GPU):
+# build; the GPU tests not yet run on a GPU (automatic placement on CUDA) and the offload
+# and ZeRO GPU tests again; then issue 5's open measurements, each run its own process
+# pinned to 16 cores:
+#  - automatic placement against static full offload ("where full offload fits, auto fits
+#    too and is at least as fast"): 1.3B (everything comes back to the GPU) and 6.7B
+#    (part of it does);
+#  - ZeRO-3 with every parameter shard in host memory (param_frac=1) at 1.3B;
+# and the 16-core AdamW on the engine's huge-page host memory beside torch on the same
+# memory (issue 2). About 9 minutes.
 source "$(dirname "$0")/setup.sh"
 REBUILD=1 build comm zero pipeline offload
 log pytest-gpu
-timeout ${PYTEST_LIMIT:-170} python3 -m pytest -p no:cacheprovider -q -rs -x --timeout 160 \
-  tests/test_offload_gpu.py tests/test_pipeline_gpu.py tests/test_comm_gpu.py tests/test_zero_gpu.py \
-  2>&1 | tail -15 | tee "$OUT/pytest_gpu.txt"
-SECTIONS=pipeline bash "$(dirname "$0")/issue8_multi_gpu.sh"
-SECTIONS=gpt1p3b MODES_1P3B="${MODES_1P3B:-torch zero2-offload zero2-offload-after}" \
-  bash "$(dirname "$0")/issue5_offload.sh"
+timeout ${PYTEST_LIMIT:-200} python3 -m pytest -p no:cacheprovider -q -rs -x --timeout 190 \
+  tests/test_offload_auto.py::test_auto_placement_on_gpu tests/test_offload_gpu.py \
+  tests/test_zero_gpu.py 2>&1 | tail -15 | tee "$OUT/pytest_gpu.txt"
+cd "$(dirname "$0")/../.."
+CORES=${CORES:-0-15}
+bench() {  # name, limit, args...
+  local name=$1 limit=$2; shift 2
+  log "$name"
+  timeout "$limit" taskset -c "$CORES" python3 -m torch.distributed.run --nproc_per_node 1 \
+    benchmarks/zero/gpu_gpt.py --out "$OUT/$name.md" "$@" > "$OUT/$name.log" 2>&1
+  grep "'mode'" "$OUT/$name.log" | cut -c1-400 || tail -5 "$OUT/$name.log"
+}
+bench 1p3b_static 120 --batch 16 --steps 6 --warmup 2 --modes zero2-offload
+bench 1p3b_auto 120 --batch 16 --steps 6 --warmup 2 --modes zero2-offload --placement auto
+bench 1p3b_zero3_params_host 150 --batch 16 --steps 6 --warmup 2 --modes zero3-offload --param-frac 1
+bench 6p7b_auto 240 --model gpt-6.7b --ckpt --batch 8 --steps 3 --warmup 2 --modes zero2-offload \
+  --placement auto
+log host-adam
+timeout 150 taskset -c "$CORES" python3 benchmarks/optim/host_adam_large.py --threads 16 \
+  --out "$OUT/host_adam.jsonl" 2>&1 | tail -10
 log done

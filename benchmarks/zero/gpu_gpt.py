@@ -150,7 +150,7 @@ def sync() -> None:
 
 
 #: OffloadConfig arguments of the offload modes (--tier, --optim-frac, --host-budget-gb,
-#: --device-budget-gb, --swap-dir)
+#: --device-budget-gb, --swap-dir, --placement, --param-frac)
 OFFLOAD: dict = {"tier": "host"}
 
 
@@ -219,6 +219,15 @@ def main() -> None:
     ap.add_argument("--device-budget-gb", type=float, default=0, help="offload modes (0: none)")
     ap.add_argument("--swap-dir", default=None, help="offload modes with NVMe")
     ap.add_argument(
+        "--placement",
+        default="static",
+        help="offload modes: static, or auto (the warm-up step measures, then the chunks "
+        "that fit --device-budget-gb, or the whole GPU, move back to it)",
+    )
+    ap.add_argument(
+        "--param-frac", type=float, default=0.0, help="zero3-offload: param shards on the host"
+    )
+    ap.add_argument(
         "--init-dtype",
         default="fp32",
         help="dtype the model is built in (bf16 halves the build's peak for the largest "
@@ -226,7 +235,13 @@ def main() -> None:
     )
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    OFFLOAD.update(tier=a.tier, optim_frac=a.optim_frac, swap_dir=a.swap_dir)
+    OFFLOAD.update(
+        tier=a.tier,
+        optim_frac=a.optim_frac,
+        swap_dir=a.swap_dir,
+        placement=a.placement,
+        param_frac=a.param_frac,
+    )
     if a.host_budget_gb:
         OFFLOAD["host_budget_bytes"] = int(a.host_budget_gb * 1e9)
     if a.device_budget_gb:
