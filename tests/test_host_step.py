@@ -93,3 +93,43 @@ def test_a_dropped_stepper_stops_its_worker_and_frees_staging():
         time.sleep(0.01)
     assert len(_workers()) == before
     assert tier.current_bytes == 0
+
+
+EXIT_SCRIPT = """
+import sys, time, torch
+from types import SimpleNamespace
+from megalith_offload import HostTier
+from megalith_zero.host_step import HostStepper
+
+n = 1000
+c = SimpleNamespace(spec=SimpleNamespace(shard_numel=n), shard_grad=torch.randn(n),
+                    shard=torch.zeros(n))
+stepper = HostStepper([c], HostTier(pinned=False), torch.device("cpu"), slots=2)
+
+def slow(grads, params):
+    time.sleep(0.5)
+    params.copy_(grads)
+    open(sys.argv[1], "w").write("done")
+
+stepper.submit(c, slow, [slice(0, n)])
+# no wait(), no close(): the interpreter exits with the update still running
+"""
+
+
+def test_interpreter_exit_joins_a_running_worker(tmp_path):
+    """A worker still running when the interpreter exits is joined first: before, the
+    daemon thread was stopped inside whatever call it was in (on CUDA, inside C++, which
+    aborted the process: "terminate called without an active exception")."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "done"
+    proc = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT, str(marker)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "terminate" not in proc.stderr, proc.stderr
+    assert marker.read_text() == "done"  # the update ran to its end
