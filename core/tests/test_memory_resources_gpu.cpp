@@ -2,6 +2,10 @@
 // without a GPU), and the device's out-of-memory message.
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+#include <random>
+#include <vector>
+
 #include "cuda_test_support.h"
 #include "megalith/memory/device_resource.h"
 #include "megalith/memory/limiting_adaptor.h"
@@ -34,6 +38,38 @@ TEST(pinned_conforms) {
                    host_copy(),
                    kHuge,
                    {"pinned_host", "1.0 PiB"}});
+}
+
+TEST(large_pinned_blocks_are_registered_huge_page_memory) {
+  require_gpu();
+  mm::PinnedHostResource res;
+  const std::size_t n = 5 * (std::size_t{2} << 20) + 4099;  // bytes; not a page multiple
+  auto* host = static_cast<unsigned char*>(res.allocate(n, 256));
+  CHECK(reinterpret_cast<std::uintptr_t>(host) % (std::size_t{2} << 20) == 0);
+  cudaPointerAttributes attr{};
+  CUDA_OK(cudaPointerGetAttributes(&attr, host));
+  CHECK(attr.type == cudaMemoryTypeHost);  // page-locked, known to the runtime
+  std::mt19937 rng(std::random_device{}());
+  std::vector<unsigned char> want(n);
+  for (auto& b : want) b = static_cast<unsigned char>(rng());
+  std::copy(want.begin(), want.end(), host);
+  void* dev = nullptr;
+  CUDA_OK(cudaMalloc(&dev, n));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  CUDA_OK(cudaMemcpyAsync(dev, host, n, cudaMemcpyHostToDevice, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  std::fill(host, host + n, 0);
+  CUDA_OK(cudaMemcpyAsync(host, dev, n, cudaMemcpyDeviceToHost, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CHECK(std::equal(want.begin(), want.end(), host));
+  CUDA_OK(cudaStreamDestroy(stream));
+  CUDA_OK(cudaFree(dev));
+  res.deallocate(host, n, 256);
+  void* small = res.allocate(4096, 256);  // small blocks: cudaHostAlloc as before
+  CUDA_OK(cudaPointerGetAttributes(&attr, small));
+  CHECK(attr.type == cudaMemoryTypeHost);
+  res.deallocate(small, 4096, 256);
 }
 
 TEST(device_conforms) {

@@ -1,7 +1,10 @@
 #pragma once
-// Page-locked host memory (cudaHostAlloc, portable to every device): what
-// copies to and from a GPU need to be truly asynchronous and run at full
-// bandwidth. Needs a CUDA build and a driver; the constructor says which is missing.
+// Page-locked host memory, portable to every device: what copies to and from a GPU
+// need to be truly asynchronous and run at full bandwidth. Blocks of 2 MiB and more are
+// 2 MiB aligned, on transparent huge pages where the kernel gives them, and registered
+// with cudaHostRegister; smaller ones (or where that fails) come from cudaHostAlloc.
+// Exact size either way. Needs a CUDA build and a driver; the constructor says which
+// is missing.
 
 #include <string>
 
