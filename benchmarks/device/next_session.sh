@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Next GPU session, first call (nvidia-h200 or -x2; the two-GPU tests skip on one GPU):
-# build; the GPU tests not yet run on a GPU (automatic placement on CUDA) and the offload
+# build; the GPU tests not yet run on a GPU (pinned huge-page blocks, automatic
+# placement on CUDA, chunk memory taking torch's cache) and the offload
 # and ZeRO GPU tests again; then issue 5's open measurements, each run its own process
 # pinned to 16 cores:
 #  - automatic placement against static full offload ("where full offload fits, auto fits
@@ -11,6 +12,11 @@
 # memory (issue 2). About 9 minutes.
 source "$(dirname "$0")/setup.sh"
 REBUILD=1 build comm zero pipeline offload
+log ctest-memory-gpu  # the pinned huge-page blocks (written 2026-11-30, not yet run on a GPU)
+{ cmake -S . -B /tmp/ctest-gpu -G Ninja -DMEGALITH_TESTS=ON -DMEGALITH_CUDA=ON \
+    -DCMAKE_BUILD_TYPE=Release > /dev/null && timeout 300 cmake --build /tmp/ctest-gpu \
+    --target test_memory_resources_gpu > /dev/null && /tmp/ctest-gpu/core/tests/test_memory_resources_gpu; } \
+  2>&1 | tail -12 | tee "$OUT/ctest_memory_gpu.txt"
 log pytest-gpu
 timeout ${PYTEST_LIMIT:-200} python3 -m pytest -p no:cacheprovider -q -rs -x --timeout 190 \
   tests/test_offload_auto.py::test_auto_placement_on_gpu tests/test_offload_gpu.py \
