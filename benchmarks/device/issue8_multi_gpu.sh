@@ -17,7 +17,7 @@ for section in ${SECTIONS:-llama comm reshard pipeline}; do
       LIMIT=150 torchrun_n "$N" benchmarks/comm/$op.py --out "$OUT/comm_${op}_w$N.jsonl" | tail -8
     done ;;
   llama)
-    for m in ${MODES:-zero2 zero2-overlap fsdp2 zero3 zero3-early tp tp-sp}; do
+    for m in ${MODES:-compute zero2 zero2-overlap fsdp2 zero3 zero3-early tp tp-sp}; do
       log "llama: $m on $N GPUs"
       LIMIT=${RUN_LIMIT:-300} torchrun_n "$N" benchmarks/multi_gpu/zero_vs_fsdp2.py --mode "$m" \
         --model "${MODEL:-llama-7b}" --batch "${BATCH:-4}" --seq 2048 --ckpt \

@@ -6,7 +6,8 @@ parallelism; the group trains one batch of --batch sequences, whose tokens per s
 are divided by the GPUs, so every mode reports tokens/s per GPU). zero2-early and
 zero3-early update each chunk during backward (ZeroConfig.step_in_backward: nothing here
 clips); zero2-overlap also leaves the parameter all-gathers to the next forward
-(overlap_param_gather). One mode per process:
+(overlap_param_gather). compute is the floor of them all: the bf16 forward and backward
+alone, with no communication and no optimizer. One mode per process:
 
     torchrun --nproc_per_node 2 benchmarks/multi_gpu/zero_vs_fsdp2.py --mode zero2 \
         --model llama-7b --batch 4 --seq 2048 --ckpt --out $OUT/zero2.json
@@ -78,6 +79,19 @@ def build_step(mode: str, model: torch.nn.Module, lr: float):
             return loss
 
         return step
+    if mode == "compute":
+        # the floor of every data-parallel mode: bf16 forward and backward of the same
+        # model and batch with no communication and no optimizer (each rank on its own)
+        model.to(torch.bfloat16)
+
+        def step(ids):
+            loss = model(ids, labels=ids)[0]
+            loss.backward()
+            for p in model.parameters():
+                p.grad = None
+            return loss
+
+        return step
     if mode in ("tp", "tp-sp"):  # tensor parallel over every GPU (issue 8, run 5)
         from megalith.booster import Booster
         from megalith.booster.plugin import HybridParallelPlugin
@@ -99,7 +113,8 @@ def build_step(mode: str, model: torch.nn.Module, lr: float):
 
         return step
     raise ValueError(
-        f"--mode {mode!r}: expected zero2, zero3, zero2-early, zero3-early, zero2-overlap, fsdp2, tp, tp-sp"
+        f"--mode {mode!r}: expected zero2, zero3, zero2-early, zero3-early, zero2-overlap, "
+        "fsdp2, tp, tp-sp, compute"
     )
 
 
