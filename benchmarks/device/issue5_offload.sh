@@ -12,16 +12,6 @@
 # for the H200 box: 133 GB of GPU before activations, 109 GB host, 55 GB NVMe).
 source "$(dirname "$0")/setup.sh"
 build comm zero pipeline offload
-CORES=${CORES:-0-15}
-bench() {  # name, limit, args...
-  local name=$1 limit=$2; shift 2
-  log "$name"
-  timeout "$limit" taskset -c "$CORES" python3 -m torch.distributed.run --nproc_per_node 1 \
-    benchmarks/zero/gpu_gpt.py --out "/tmp/$name.md" "$@" > "/tmp/$name.log" 2>&1
-  grep -v "^W" "/tmp/$name.log" | grep -B2 -A3 "Error" | head -20
-  grep "^| " "/tmp/$name.md" | tail -n +3 | tee -a "$OUT/offload_rows.md" || tail -5 "/tmp/$name.log"
-  grep -o "'placement'.*" "/tmp/$name.log" | tee -a "$OUT/offload_rows.md"
-}
 for section in ${SECTIONS:-gpt1p3b gpt6p7b gpt12b}; do
   case $section in
   gpt1p3b)
@@ -41,7 +31,6 @@ for section in ${SECTIONS:-gpt1p3b gpt6p7b gpt12b}; do
       --ckpt --batch 1 --steps 3 --warmup 0 --init-dtype bf16 --tier host+nvme --optim-frac 0 \
       --device-budget-gb "${DEVICE_GB:-60}" --host-budget-gb "${HOST_GB:-110}" \
       --swap-dir "${SWAP:-/tmp/swap}" --modes zero2-offload
-    grep "'mode'" /tmp/largest_zero2-offload.log | tee -a "$OUT/offload_rows.md"
     df -h "${SWAP:-/tmp/swap}" | tail -1 ;;
   esac
 done

@@ -22,14 +22,6 @@ timeout ${PYTEST_LIMIT:-200} python3 -m pytest -p no:cacheprovider -q -rs -x --t
   tests/test_offload_auto.py::test_auto_placement_on_gpu tests/test_offload_gpu.py \
   tests/test_zero_gpu.py 2>&1 | tail -15 | tee "$OUT/pytest_gpu.txt"
 cd "$(dirname "$0")/../.."
-CORES=${CORES:-0-15}
-bench() {  # name, limit, args...
-  local name=$1 limit=$2; shift 2
-  log "$name"
-  timeout "$limit" taskset -c "$CORES" python3 -m torch.distributed.run --nproc_per_node 1 \
-    benchmarks/zero/gpu_gpt.py --out "$OUT/$name.md" "$@" > "$OUT/$name.log" 2>&1
-  grep "'mode'" "$OUT/$name.log" | cut -c1-400 || tail -5 "$OUT/$name.log"
-}
 bench 1p3b_static 120 --batch 16 --steps 6 --warmup 2 --modes zero2-offload
 bench 1p3b_auto 120 --batch 16 --steps 6 --warmup 2 --modes zero2-offload --placement auto
 bench 1p3b_zero3_params_host 150 --batch 16 --steps 6 --warmup 2 --modes zero3-offload --param-frac 1

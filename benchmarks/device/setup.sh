@@ -21,3 +21,13 @@ build() {
 }
 # one process on one GPU, launcher warnings dropped
 run1() { timeout "${RUN1_LIMIT:-120}" python3 -m torch.distributed.run --nproc_per_node 1 "$@" 2>&1 | grep -v "^W"; }
+# one benchmarks/zero/gpu_gpt.py run in its own process, pinned to $CORES (default 0-15,
+# the core count of the one-GPU H200 box): bench NAME LIMIT ARGS...; writes $OUT/NAME.md
+# and $OUT/NAME.log and prints the run's row (or the log's tail when it failed)
+bench() {
+  local name=$1 limit=$2; shift 2
+  log "$name"
+  timeout "$limit" taskset -c "${CORES:-0-15}" python3 -m torch.distributed.run --nproc_per_node 1 \
+    benchmarks/zero/gpu_gpt.py --out "$OUT/$name.md" "$@" > "$OUT/$name.log" 2>&1
+  grep "'mode'" "$OUT/$name.log" | cut -c1-600 || grep -v "^W" "$OUT/$name.log" | tail -8
+}
