@@ -238,7 +238,15 @@ def shard(
     stage3 = None
     if config.stage == 3:
         param_chunk = {id(params[s.param][1]): c for c in chunks for s in c.spec.slots}
-        stage3 = Stage3Hooks(model, chunks, param_chunk, gather_group, config.prefetch, streams)
+        stage3 = Stage3Hooks(
+            model,
+            chunks,
+            param_chunk,
+            gather_group,
+            config.prefetch,
+            streams,
+            config.keep_gathered_bytes,
+        )
     reducer = GradReducer(
         chunks,
         group,

@@ -87,6 +87,13 @@ class ZeroConfig:
         wastes the fewest padding bytes (the engine's search) between 1 MiB and an
         eighth of the model (at most 64 MiB, at least the largest parameter).
     prefetch: stage 3: how many chunks ahead of the running module are gathered.
+    keep_gathered_bytes: stage 3: up to this many bytes of gathered chunks stay gathered
+        from their use in forward to their use in backward instead of being freed and
+        gathered again (FSDP's reshard_after_forward=False, under a budget). When the
+        kept chunks exceed it, the one whose next use is furthest goes first: backward
+        runs the forward's order in reverse, so that is the one forward used earliest.
+        0: free every chunk after its forward use. With OffloadConfig(placement="auto")
+        the room the warm-up leaves after moving states back is added to it.
     loss_scale: fp16 only; see LossScaleConfig.
     loss_scaling: None (the default): dynamic loss scaling exactly when precision is
         fp16. True: also with fp32 working parameters, for a model that computes in fp16
@@ -116,6 +123,7 @@ class ZeroConfig:
     reduce_dtype: str | torch.dtype | None = None
     chunk_bytes: int = 0
     prefetch: int = 1
+    keep_gathered_bytes: int = 0
     loss_scale: LossScaleConfig = LossScaleConfig()
     loss_scaling: bool | None = None
     overlap: bool = True
@@ -140,6 +148,16 @@ class ZeroConfig:
             )
         if self.prefetch < 0:
             raise ValueError(f"ZeroConfig: prefetch={self.prefetch}; expected >= 0")
+        if self.keep_gathered_bytes < 0:
+            raise ValueError(
+                f"ZeroConfig: keep_gathered_bytes={self.keep_gathered_bytes}; expected >= 0"
+            )
+        if self.keep_gathered_bytes and self.stage != 3:
+            raise ValueError(
+                f"ZeroConfig: keep_gathered_bytes={self.keep_gathered_bytes} at stage "
+                f"{self.stage}; only stage 3 frees parameters after forward: use stage=3 "
+                "or keep_gathered_bytes=0"
+            )
         if self.offload is not None and not (
             hasattr(self.offload, "tier") and hasattr(self.offload, "optim_frac")
         ):

@@ -12,6 +12,15 @@ Every module that owns parameters directly gets hooks:
 In backward a chunk is released once all its parameters have their gradient (no
 later backward node can read them) or when backward ends.
 
+[Note: kept chunks]
+With keep_gathered_bytes, a chunk that forward is done with is not freed but kept
+gathered for its use in backward, which then needs no gather. Between forward and
+backward every kept chunk's next use is in backward, which reaches the chunks in the
+reverse of forward's order, so when the kept bytes exceed the budget the chunk that
+forward used earliest (the furthest next use) is freed first: what stays is the tail
+of the forward, which backward needs first. A chunk backward is done with is freed as
+before: its next use is after the step, which changes its values anyway.
+
 Gathers go through their own process group (a copy of the data-parallel one):
 reductions are issued as gradients complete, gathers as autograd reaches
 modules, and keeping them apart keeps each group's sequence of collectives the
@@ -29,6 +38,10 @@ from .chunk import FlatChunk
 from .streams import Streams
 
 
+def _gathered_bytes(chunk: FlatChunk) -> int:
+    return chunk.full.numel() * chunk.full.element_size()
+
+
 class Stage3Hooks:
     def __init__(
         self,
@@ -38,13 +51,19 @@ class Stage3Hooks:
         group: comm.ProcessGroup,
         prefetch: int,
         streams: Streams,
+        keep_bytes: int = 0,
     ):
         self.group = group
         self.streams = streams
         self.prefetch = prefetch
+        #: bytes of gathered chunks kept from forward to backward (see [Note: kept chunks])
+        self.keep_bytes = keep_bytes
+        self._kept: list[int] = []  # oldest forward use first
         self.chunks = chunks
         self._holds: dict[int, int] = {}
         self._idle: set[int] = set()  # gathered, held by nobody, released at the next other module
+        self._last_use: dict[int, int] = {}  # chunk -> when forward last acquired it (this step)
+        self._uses = 0
         self._inflight: dict[int, comm.Handle] = {}
         self._order: list[int] = []  # chunk indices in first-use order (first step)
         self._recorded = False
@@ -71,10 +90,12 @@ class Stage3Hooks:
 
     def acquire(self, ks: list[int], backward: bool) -> None:
         for k in ks:
+            if k in self._kept:
+                self._kept.remove(k)
             self._start(k)
-        for k in self._idle - set(ks):
-            if self._holds.get(k, 0) == 0 and k not in self._inflight:
-                self.chunks[k].release()
+        done = [k for k in self._idle - set(ks) if self._holds.get(k, 0) == 0]
+        for k in sorted(done, key=lambda j: self._last_use.get(j, -1)):
+            self._free_or_keep(k, backward)
         self._idle.clear()
         self._prefetch(ks, backward)
         for k in ks:
@@ -82,8 +103,25 @@ class Stage3Hooks:
             if handle is not None:
                 handle.wait()
             self._holds[k] = self._holds.get(k, 0) + 1
+            if not backward:
+                self._last_use[k] = self._uses
+                self._uses += 1
             if not self._recorded and not backward and k not in self._order:
                 self._order.append(k)
+
+    def _free_or_keep(self, k: int, backward: bool) -> None:
+        """Forward is done with chunk k: keep it gathered for backward while the budget
+        allows, freeing the kept chunks with the furthest next use ([Note: kept chunks])."""
+        if self.keep_bytes and (backward or torch.is_grad_enabled()):
+            self._kept.append(k)
+            while sum(_gathered_bytes(self.chunks[j]) for j in self._kept) > self.keep_bytes:
+                self._release(self._kept.pop(0))
+        else:
+            self._release(k)
+
+    def _release(self, k: int) -> None:
+        if k not in self._inflight:
+            self.chunks[k].release()
 
     def _prefetch(self, ks: list[int], backward: bool) -> None:
         if not self._recorded or not self.prefetch:
@@ -144,6 +182,9 @@ class Stage3Hooks:
         self._inflight.clear()
         self._holds.clear()
         self._idle.clear()
+        self._kept.clear()
+        self._last_use.clear()
+        self._uses = 0
         for c in self.chunks:
             c.release()
 
