@@ -8,6 +8,7 @@
 #    too and is at least as fast"): 1.3B (everything comes back to the GPU) and 6.7B
 #    (part of it does);
 #  - ZeRO-3 with every parameter shard in host memory (param_frac=1) at 1.3B;
+#  - ZeRO-3 with chunks kept gathered from forward to backward (keep_gathered_bytes);
 # and the 16-core AdamW on the engine's huge-page host memory beside torch on the same
 # memory (issue 2). About 9 minutes.
 source "$(dirname "$0")/setup.sh"
@@ -25,6 +26,8 @@ cd "$(dirname "$0")/../.."
 bench 1p3b_static 120 --batch 16 --steps 6 --warmup 2 --modes zero2-offload
 bench 1p3b_auto 120 --batch 16 --steps 6 --warmup 2 --modes zero2-offload --placement auto
 bench 1p3b_zero3_params_host 150 --batch 16 --steps 6 --warmup 2 --modes zero3-offload --param-frac 1
+bench 1p3b_zero3 120 --batch 16 --steps 6 --warmup 2 --modes zero3
+bench 1p3b_zero3_keep 120 --batch 16 --steps 6 --warmup 2 --modes zero3 --keep-gathered-gb 3
 bench 6p7b_auto 240 --model gpt-6.7b --ckpt --batch 8 --steps 3 --warmup 2 --modes zero2-offload \
   --placement auto
 log host-adam

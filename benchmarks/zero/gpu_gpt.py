@@ -65,7 +65,13 @@ def zero_stage(stage: int, offload: bool = False, early: bool = False):
         net, opt = zero.shard(
             model,
             torch.optim.AdamW(model.parameters(), lr=1e-4),
-            zero.ZeroConfig(stage=stage, precision="bf16", step_in_backward=early, **extra),
+            zero.ZeroConfig(
+                stage=stage,
+                precision="bf16",
+                step_in_backward=early,
+                keep_gathered_bytes=KEEP_GATHERED[0] if stage == 3 else 0,
+                **extra,
+            ),
         )
 
         def step(ids):
@@ -148,6 +154,9 @@ def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
+
+#: ZeroConfig.keep_gathered_bytes of the stage 3 modes (--keep-gathered-gb)
+KEEP_GATHERED = [0]
 
 #: OffloadConfig arguments of the offload modes (--tier, --optim-frac, --host-budget-gb,
 #: --device-budget-gb, --swap-dir, --placement, --param-frac)
@@ -233,8 +242,15 @@ def main() -> None:
         help="dtype the model is built in (bf16 halves the build's peak for the largest "
         "models; the fp32 masters then start from bf16 values)",
     )
+    ap.add_argument(
+        "--keep-gathered-gb",
+        type=float,
+        default=0,
+        help="stage 3 modes: chunks kept gathered from forward to backward (GB)",
+    )
     ap.add_argument("--out", default="")
     a = ap.parse_args()
+    KEEP_GATHERED[0] = int(a.keep_gathered_gb * 1e9)
     OFFLOAD.update(
         tier=a.tier,
         optim_frac=a.optim_frac,
