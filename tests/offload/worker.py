@@ -34,6 +34,8 @@ class Case:
     param_frac: float = 0.0  # OffloadConfig(param_frac=...): stage 3 parameter shards on the host
     device: str = "cpu"  # "cuda": the model and data on the GPU (tests/test_offload_gpu.py)
     overlap_gather: bool = False  # ZeroConfig(overlap_param_gather=True)
+    param_tier: str = "host"  # OffloadConfig(param_tier=...): "nvme" keeps them in swap files
+    prefetch: int = 1  # ZeroConfig(prefetch=...)
 
 
 def offload_config(case: Case) -> OffloadConfig | None:
@@ -47,6 +49,7 @@ def offload_config(case: Case) -> OffloadConfig | None:
         swap_dir=case.swap_dir or None,
         run_name="test",
         param_frac=case.param_frac,
+        param_tier=case.param_tier,
     )
 
 
@@ -61,6 +64,7 @@ def _train(rank: int, case: Case):
         offload=offload_config(case),
         step_in_backward=case.eager,
         overlap_param_gather=case.overlap_gather,
+        prefetch=case.prefetch,
     )
     zmodel, zopt = zero.shard(model, opt, config)
     try:
@@ -90,6 +94,16 @@ def _run(rank: int, n: int, case: Case, zmodel, zopt) -> dict:
         "swap_removed": gone,
         "swap_used": swap is not None,
         "prefetched": store.prefetched if store else 0,
+        # per trainable chunk: (shard in a swap file, shard bytes, shard's device type)
+        "param_shards": [
+            (
+                getattr(c, "params_on_nvme", False),
+                c.spec.shard_numel * c.shard.element_size(),
+                c.shard.device.type,
+            )
+            for c in zmodel.chunks
+            if c.trainable
+        ],
     }
 
 
@@ -108,3 +122,96 @@ def train(rank: int, case: Case):
         if case.fsize_limit:
             resource.setrlimit(resource.RLIMIT_FSIZE, old)
             signal.signal(signal.SIGXFSZ, old_handler)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Train `case` to step save_at, checkpoint ("sharded": save_sharded; "full":
+    save_full and save_full_optimizer) into `path`, then shard a fresh model of other
+    values, load the checkpoint and train on to case.steps."""
+
+    case: Case
+    kind: str
+    path: str
+    save_at: int = 10
+
+
+def _shard(case: Case, seed: int):
+    model = toy.make_model(seed)
+    opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
+    config = zero.ZeroConfig(
+        stage=case.stage,
+        precision=case.precision,
+        chunk_bytes=case.chunk_bytes,
+        offload=offload_config(case),
+        step_in_backward=case.eager,
+    )
+    return zero.shard(model, opt, config)
+
+
+def _save(kind: str, zmodel, zopt, path: str) -> None:
+    if kind == "sharded":
+        zero.save_sharded(zmodel, zopt, path)
+    else:
+        zero.save_full(zmodel, f"{path}/model", max_shard_bytes=4096)
+        zero.save_full_optimizer(zmodel, zopt, f"{path}/optim", max_shard_bytes=4096)
+
+
+def _load(kind: str, zmodel, zopt, path: str) -> None:
+    if kind == "sharded":
+        zero.load_sharded(zmodel, zopt, path)
+    else:
+        zero.load_full(zmodel, zopt, f"{path}/model")
+        zero.load_full_optimizer(zmodel, zopt, f"{path}/optim")
+
+
+def resume(rank: int, run: Resume) -> dict:
+    """Per-step losses (the first run's, then the resumed one's) and the final params."""
+    data = toy.batches(0, run.case.steps, 1)
+    losses = []
+    zmodel, zopt = _shard(run.case, 0)
+    for micro in data[: run.save_at]:
+        losses.append(toy.zero_step(zmodel, zopt, *micro[0]))
+    _save(run.kind, zmodel, zopt, run.path)
+    zopt.close()
+    zmodel, zopt = _shard(run.case, 3)  # other initial values: the load must replace them
+    _load(run.kind, zmodel, zopt, run.path)
+    for micro in data[run.save_at :]:
+        losses.append(toy.zero_step(zmodel, zopt, *micro[0]))
+    state = zmodel.full_state_dict()
+    zopt.close()
+    return {"losses": losses, "params": state if rank == 0 else None}
+
+
+def refused(rank: int, case: Case):
+    """shard() with a configuration it must refuse: (the error's message, whether this
+    rank's parameters kept their own values, i.e. no broadcast ran). Each rank builds a
+    different model."""
+    model = toy.make_model(rank)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    config = zero.ZeroConfig(
+        stage=case.stage, chunk_bytes=case.chunk_bytes, offload=offload_config(case)
+    )
+    try:
+        zero.shard(model, opt, config)
+    except ValueError as e:
+        after = model.state_dict()
+        return str(e), all(torch.equal(before[k], after[k]) for k in before)
+    return "no error", False
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A case shard() must refuse (see refused)."""
+
+    case: Case
+
+
+def dispatch(rank: int, setting: Case | Resume | Refused):
+    """One run_grid function for a grid of mixed settings (one process group for all)."""
+    if isinstance(setting, Resume):
+        return resume(rank, setting)
+    if isinstance(setting, Refused):
+        return refused(rank, setting.case)
+    return train(rank, setting)

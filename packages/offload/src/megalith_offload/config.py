@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 TIERS = ("host", "nvme", "host+nvme")
 PLACEMENTS = ("static", "auto")
+PARAM_TIERS = ("host", "nvme")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,12 @@ class OffloadConfig:
         (prefetching hides it); the host update writes the new values there directly.
         Only chunks whose optimizer states are offloaded can: the first
         ceil(param_frac * chunks) must be offloaded by optim_frac or the budget.
+    param_tier: where those parameter shards live: "host" (above) or "nvme": in a
+        file of the chunk's own beside its optimizer states' in the swap directory
+        (needs tier "nvme" or "host+nvme"; with "host+nvme" these chunks keep their
+        states on NVMe whatever the host budget). A gather reads the shard into one of
+        a small ring of host staging buffers first (a prefetch starts the read early);
+        the host update writes the new values back to the file.
     cpu_threads: host threads of the engine's CPU kernels for the offloaded update;
         None: MEGALITH_NUM_THREADS when set, else the CPUs this process may run on
         shared by the ranks of this host (LOCAL_WORLD_SIZE), one left for the thread
@@ -69,6 +76,7 @@ class OffloadConfig:
     direct: bool = True
     param_frac: float = 0.0
     cpu_threads: int | None = None
+    param_tier: str = "host"
 
     def __post_init__(self) -> None:
         if self.tier not in TIERS:
@@ -93,6 +101,7 @@ class OffloadConfig:
                 f"OffloadConfig: param_frac={pf!r} with placement='auto'; automatic placement "
                 "moves optimizer states only: use placement='static' to offload parameters"
             )
+        self._check_param_tier()
         if self.placement not in PLACEMENTS:
             raise ValueError(
                 f"OffloadConfig: placement={self.placement!r}; expected 'static' or 'auto'"
@@ -122,4 +131,24 @@ class OffloadConfig:
         if not self.run_name or "/" in self.run_name:
             raise ValueError(
                 f"OffloadConfig: run_name={self.run_name!r}; expected a non-empty name without '/'"
+            )
+
+    def _check_param_tier(self) -> None:
+        if self.param_tier not in PARAM_TIERS:
+            raise ValueError(
+                f"OffloadConfig: param_tier={self.param_tier!r}; expected 'host' or 'nvme'"
+            )
+        if self.param_tier != "nvme":
+            return
+        if self.tier not in ("nvme", "host+nvme"):
+            raise ValueError(
+                f"OffloadConfig: param_tier='nvme' with tier={self.tier!r}; parameter shards "
+                "go to NVMe only beside their chunk's optimizer states: use tier='nvme' (or "
+                "'host+nvme'), or param_tier='host'"
+            )
+        if not self.param_frac:
+            raise ValueError(
+                "OffloadConfig: param_tier='nvme' with param_frac=0, which offloads no "
+                "parameters: set param_frac (the fraction of chunks whose parameter shards "
+                "go to NVMe), or leave param_tier at 'host'"
             )

@@ -16,7 +16,9 @@ class Offloader:
     """Plans where each chunk's states live and owns the host tier and NVMe store.
 
     report() gives (current, peak) bytes per "<kind>@<tier>" from the engine's
-    accounting: master@host, optim_states@host, swap_staging@host, optim_states@nvme.
+    accounting: master@host, optim_states@host, swap_staging@host, optim_states@nvme,
+    and with param_frac params@host, or (param_tier="nvme") params@nvme (file bytes)
+    and param_swap_staging@host.
     """
 
     def __init__(
@@ -32,19 +34,36 @@ class Offloader:
         kinds = {"host": ("master", "optim_states"), "nvme": ("master", "swap_staging")}.get(
             config.tier, ("master", "optim_states", "swap_staging")
         )
+        if self.plan.param_slots:
+            kinds = (*kinds, "param_swap_staging")
         self.host = HostTier(config.host_budget_bytes, pinned, kinds)
         if any(t != "device" for t in self.tiers):
             _engine.set_num_threads(host_threads(config.cpu_threads))
         self.swap: SwapStore | None = None
         if self.plan.slots:
-            self.swap = SwapStore(config, rank, self.host, self.plan.slots, self.plan.slot_bytes)
+            self.swap = SwapStore(
+                config,
+                rank,
+                self.host,
+                self.plan.slots,
+                self.plan.slot_bytes,
+                self.plan.param_slots,
+                self.plan.param_slot_bytes,
+            )
 
     def tier(self, index: int) -> str:
         return self.tiers[index]
 
     def params_on_host(self, index: int) -> bool:
-        """Whether the chunk's working-parameter shard lives in host memory (param_frac)."""
-        return bool(self.plan.params_on_host) and self.plan.params_on_host[index]
+        """Whether the chunk's working-parameter shard leaves the device (param_frac): for
+        host memory, or (params_on_nvme) for a swap file read through host staging."""
+        return self.params_on_nvme(index) or (
+            bool(self.plan.params_on_host) and self.plan.params_on_host[index]
+        )
+
+    def params_on_nvme(self, index: int) -> bool:
+        """Whether the chunk's working-parameter shard lives in a swap file (param_tier)."""
+        return bool(self.plan.params_on_nvme) and self.plan.params_on_nvme[index]
 
     @property
     def offloaded(self) -> list[int]:

@@ -11,6 +11,12 @@ before anything is allocated, so a budget that cannot work fails with the number
 
 With placement="auto" every chunk starts offloaded (the warm-up step); what comes
 back to the device afterwards is megalith_offload.auto's choice.
+
+param_frac names the chunks whose working-parameter shards leave the device too: into
+host memory (param_tier="host", counted with the masters) or into a swap file of their
+own (param_tier="nvme": the file's bytes join nvme_bytes, and PARAM_SWAP_SLOTS staging
+buffers of the largest padded shard join the host side). Such chunks keep their states
+on NVMe under tier="host+nvme" (the host budget fills with the other chunks).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .config import OffloadConfig
+from .host import ALIGNMENT
 
 
 @dataclass(frozen=True)
@@ -42,9 +49,20 @@ class ChunkCost:
     params: int = 0  # the working-parameter shard, if offloaded (param_frac; stage 3)
 
 
+def padded(nbytes: int) -> int:
+    """Bytes of a swap file (and its staging buffer) holding `nbytes`: O_DIRECT moves
+    whole 4096-byte blocks."""
+    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
+
 #: chunks the host update stages at once (megalith_zero.host_step: gradients of the next
 #: chunks come down while one is updated and the last one's parameters go up)
 HOST_STEP_SLOTS = 3
+
+#: host staging buffers for parameter shards kept on NVMe (param_tier="nvme"): one
+#: chunk's shard read for its gather while the next one's read is in flight (a
+#: prefetch), or one chunk's new values written while the next chunk steps
+PARAM_SWAP_SLOTS = 2
 
 
 @dataclass(frozen=True)
@@ -55,7 +73,10 @@ class Plan:
     device_bytes: int
     host_bytes: int
     nvme_bytes: int
-    params_on_host: tuple[bool, ...] = ()  # per chunk (param_frac)
+    params_on_host: tuple[bool, ...] = ()  # per chunk (param_frac, param_tier="host")
+    params_on_nvme: tuple[bool, ...] = ()  # per chunk (param_frac, param_tier="nvme")
+    param_slots: int = 0  # staging buffers for the parameter files (PARAM_SWAP_SLOTS or 0)
+    param_slot_bytes: int = 0
 
 
 def plan(costs: Sequence[ChunkCost], config: OffloadConfig) -> Plan:
@@ -70,51 +91,74 @@ def plan(costs: Sequence[ChunkCost], config: OffloadConfig) -> Plan:
             tiers[i] = first
         else:
             on_device += costs[i].device
-    params_on_host = _params_on_host(costs, tiers, config.param_frac)
+    offloaded_params = _offloaded_params(costs, tiers, config.param_frac)
+    on_nvme = config.param_tier == "nvme"
+    params_on_host = tuple(p and not on_nvme for p in offloaded_params)
+    params_on_nvme = tuple(p and on_nvme for p in offloaded_params)
     off = [c for c, t in zip(costs, tiers) if t != "device"]
     masters = sum(c.master for c in off)
     # offloaded parameters are counted with the masters: neither moves between tiers
     masters += sum(c.params for c, h in zip(costs, params_on_host) if h)
     # the host update's staging is counted with the masters: every offloaded chunk needs it
     masters += HOST_STEP_SLOTS * max((c.step_staging for c in off), default=0)
+    param_files = [padded(c.params) for c, p in zip(costs, params_on_nvme) if p]
+    param_slot_bytes = max(param_files, default=0)
+    param_slots = PARAM_SWAP_SLOTS if param_files else 0
+    masters += param_slots * param_slot_bytes  # as fixed as the masters: counted with them
     if config.tier == "host+nvme":
-        _spill_to_host(costs, tiers, config.host_budget_bytes - masters)
+        pinned = [i for i, p in enumerate(params_on_nvme) if p]
+        _spill_to_host(costs, tiers, config.host_budget_bytes - masters, pinned)
     swapped = [c for c, t in zip(costs, tiers) if t == "nvme"]
     slot_bytes = max((c.swap for c in swapped), default=0)
-    nvme = sum(c.swap for c in swapped)
+    nvme = sum(c.swap for c in swapped) + sum(param_files)
     slots = 2 if swapped else 0
     host = masters + sum(c.states for c, t in zip(costs, tiers) if t == "host")
     host += slots * slot_bytes
     _check_host(config, off, masters, slot_bytes, host)
     if swapped and config.host_budget_bytes is not None and host > config.host_budget_bytes:
         slots, host = 1, host - slot_bytes  # fits one staging buffer: no overlap
-    return Plan(tuple(tiers), slots, slot_bytes, on_device, host, nvme, params_on_host)
+    return Plan(
+        tuple(tiers),
+        slots,
+        slot_bytes,
+        on_device,
+        host,
+        nvme,
+        params_on_host,
+        params_on_nvme,
+        param_slots,
+        param_slot_bytes,
+    )
 
 
-def _params_on_host(costs: Sequence[ChunkCost], tiers: list[str], frac: float) -> tuple[bool, ...]:
+def _offloaded_params(
+    costs: Sequence[ChunkCost], tiers: list[str], frac: float
+) -> tuple[bool, ...]:
     n_params = min(len(costs), math.ceil(frac * len(costs) - 1e-9))
     kept = [i for i in range(n_params) if tiers[i] == "device"]
     if kept:
         raise ValueError(
             f"OffloadConfig: param_frac={frac} offloads the parameters of the first {n_params} "
             f"of {len(costs)} chunks, but chunk {kept[0]} keeps its optimizer states on the "
-            "device, whose kernel cannot write host parameters; offload those states too "
+            "device, whose kernel cannot write offloaded parameters; offload those states too "
             "(optim_frac >= param_frac) or lower param_frac"
         )
     return tuple(i < n_params for i in range(len(costs)))
 
 
-def _spill_to_host(costs: Sequence[ChunkCost], tiers: list[str], room: int) -> None:
+def _spill_to_host(
+    costs: Sequence[ChunkCost], tiers: list[str], room: int, pinned: Sequence[int] = ()
+) -> None:
     """tier="host+nvme": offloaded chunks (all planned on NVMe) move to the host, in
-    order, while `room` holds their states and the NVMe staging the rest still needs."""
-    nvme = [i for i, t in enumerate(tiers) if t == "nvme"]
-    if sum(costs[i].states for i in nvme) <= room:  # all on the host: no staging needed
-        nvme = []
-        for i, t in enumerate(tiers):
-            if t == "nvme":
-                tiers[i] = "host"
+    order, while `room` holds their states and the NVMe staging the rest still needs.
+    `pinned` chunks stay on NVMe (their parameter shards live in swap files)."""
+    nvme = [i for i, t in enumerate(tiers) if t == "nvme" and i not in pinned]
+    if not pinned and sum(costs[i].states for i in nvme) <= room:  # no staging needed
+        for i in nvme:
+            tiers[i] = "host"
+        return
     for k, i in enumerate(nvme):
-        rest = nvme[k + 1 :]
+        rest = [*nvme[k + 1 :], *pinned]
         staging = 2 * max((costs[j].swap for j in rest), default=0)
         if costs[i].states + staging > room:
             break
@@ -131,8 +175,8 @@ def _check_host(
     if config.tier == "host+nvme" and limit < masters + slot_bytes:
         raise ValueError(
             f"OffloadConfig: host_budget_bytes={limit} is too small for tier='host+nvme': the "
-            f"offloaded chunks' fp32 masters (and the host update's staging) take {masters} "
-            f"bytes and one NVMe staging buffer "
+            f"offloaded chunks' fp32 masters (and the host update's and parameter files' "
+            f"staging) take {masters} bytes and one NVMe staging buffer "
             f"{slot_bytes} bytes, {masters + slot_bytes} in all; raise it, or raise "
             "device_budget_bytes / lower optim_frac so fewer chunks are offloaded"
         )
@@ -154,7 +198,8 @@ def _check_host(
     elif limit < masters + slot_bytes:
         raise ValueError(
             f"OffloadConfig: host_budget_bytes={limit} is too small: the offloaded chunks' fp32 "
-            f"masters (and the host update's staging) take {masters} bytes and one NVMe "
+            f"masters (and the host update's and parameter files' staging) take {masters} "
+            f"bytes and one NVMe "
             f"staging buffer (the largest chunk's "
             f"optimizer states) {slot_bytes} bytes, {masters + slot_bytes} in all; raise it"
         )

@@ -6,13 +6,23 @@ A file holds the chunk's states one after the other, each padded to 4096 bytes; 
 whole file moves in one request. stream() hands chunks out one at a time: the next
 chunk's read is in flight while the caller steps the current one, and each chunk's
 write-back starts as soon as the caller is done with it.
+
+[Note: parameter files] With param_tier="nvme" a chunk's working-parameter shard has
+a file of its own (ParamFiles), not a section of the states' file: it exists from the
+start (the states' names are known only at the first step), a stage-3 gather reads
+just the shard, not the states, and the two kinds are accounted apart. It moves
+through a ring of PARAM_SWAP_SLOTS staging buffers: a gather holds a buffer from its
+read until its all-gather has consumed it; taking a held buffer first finishes its
+holder's gather (at the same point of the program on every rank, so every rank still
+issues its collectives in the same order).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 
 import torch
 
@@ -20,6 +30,7 @@ from megalith import _engine
 
 from .config import OffloadConfig
 from .host import ALIGNMENT, HostTier
+from .placement import padded
 
 FLOAT = 4  # states are fp32
 
@@ -52,10 +63,18 @@ class _Slot:
 
 
 class SwapStore:
-    """Named fp32 state vectors per key (a chunk), kept in files on NVMe."""
+    """Named fp32 state vectors per key (a chunk), kept in files on NVMe; with
+    param_slots, also parameter shards in files of their own (`params`)."""
 
     def __init__(
-        self, config: OffloadConfig, rank: int, host: HostTier, slots: int, slot_bytes: int
+        self,
+        config: OffloadConfig,
+        rank: int,
+        host: HostTier,
+        slots: int,
+        slot_bytes: int,
+        param_slots: int = 0,
+        param_slot_bytes: int = 0,
     ):
         root = config.swap_dir or tempfile.gettempdir()
         os.makedirs(root, exist_ok=True)
@@ -67,6 +86,10 @@ class SwapStore:
         self._peak = 0
         #: reads started while the caller still held the previous chunk (the overlap)
         self.prefetched = 0
+        #: parameter shards on NVMe (param_tier="nvme"), or None
+        self.params: ParamFiles | None = None
+        if param_slots:
+            self.params = ParamFiles(self.dir, host, param_slots, param_slot_bytes)
 
     @property
     def overlapped(self) -> bool:
@@ -178,7 +201,10 @@ class SwapStore:
         return sum(e.file.nbytes for e in self._entries.values())
 
     def report(self) -> dict[str, tuple[int, int]]:
-        return {"optim_states@nvme": (self.nbytes, self._peak)}
+        out = {"optim_states@nvme": (self.nbytes, self._peak)}
+        if self.params is not None:
+            out["params@nvme"] = (self.params.nbytes, self.params.nbytes)
+        return out
 
     def reset_peak(self) -> None:
         self._peak = self.nbytes
@@ -187,5 +213,134 @@ class SwapStore:
         """Waits for every transfer and deletes the swap directory and its files."""
         for s in self._slots:
             s.settle()
+        if self.params is not None:
+            self.params.settle()
         self._entries.clear()
         self.dir.remove()
+
+
+class _ParamSlot:
+    def __init__(self, buf: torch.Tensor):
+        self.buf = buf  # bytes of a 4096-aligned host buffer
+        self.pending: list[_engine.io.Request] = []  # write-backs from it
+        #: finishes the gather that still reads from the buffer (see [Note: parameter files])
+        self.holder: Callable[[], None] | None = None
+        #: a CUDA event: the copy up from the buffer is done (None: nothing in flight)
+        self.used_until: torch.cuda.Event | None = None
+
+    def settle(self) -> None:
+        holder, self.holder = self.holder, None
+        if holder is not None:
+            holder()  # done with the buffer when it returns
+        reqs, self.pending = self.pending, []
+        for r in reqs:
+            r.wait()
+        if self.used_until is not None:
+            self.used_until.synchronize()
+            self.used_until = None
+
+
+class ParamRead:
+    """A parameter shard being read into a staging buffer; the buffer is the caller's
+    until release()."""
+
+    def __init__(self, view: torch.Tensor, slot: _ParamSlot, request: _engine.io.Request):
+        self.view, self._slot, self._request = view, slot, request
+
+    def wait(self) -> torch.Tensor:
+        """The shard's values (a view of the staging buffer), once read."""
+        if self._request is not None:
+            self._request.wait()
+            self._request = None
+        return self.view
+
+    def release(self, used_until: torch.cuda.Event | None = None) -> None:
+        """The buffer is free again (on CUDA once `used_until` has happened)."""
+        self.wait()
+        self._slot.holder = None
+        self._slot.used_until = used_until
+
+
+class ParamFiles:
+    """Working-parameter shards per key (a chunk), one file each in the swap directory,
+    moved through a ring of host staging buffers ([Note: parameter files])."""
+
+    def __init__(self, swap_dir: _engine.io.SwapDir, host: HostTier, slots: int, slot_bytes: int):
+        self.dir = swap_dir
+        self._files: dict[Hashable, tuple[_engine.io.SwapFile, int, torch.dtype]] = {}
+        self._slots = [
+            _ParamSlot(host.empty("param_swap_staging", slot_bytes, torch.uint8))
+            for _ in range(slots)
+        ]
+        self._next = 0
+
+    def ensure(self, key: Hashable, numel: int, dtype: torch.dtype) -> None:
+        """Reserves the file for `key`'s shard of `numel` elements of `dtype`."""
+        if key in self._files:
+            return
+        nbytes = padded(numel * torch.empty((), dtype=dtype).element_size())
+        if nbytes > self._slots[0].buf.numel():
+            raise ValueError(
+                f"megalith_offload: chunk {key}'s parameter shard takes {nbytes} bytes, more "
+                f"than the {self._slots[0].buf.numel()}-byte staging buffer planned for it"
+            )
+        try:
+            file = self.dir.allocate(f"chunk{key}.params", nbytes)
+        except OSError as e:
+            raise OSError(
+                e.errno,
+                f"megalith_offload: no room for chunk {key}'s parameter shard ({nbytes} bytes) "
+                f"in the swap directory {self.dir.path}: {e}",
+            ) from e
+        self._files[key] = (file, numel, dtype)
+
+    def _take(self) -> _ParamSlot:
+        slot, self._next = self._slots[self._next], (self._next + 1) % len(self._slots)
+        slot.settle()
+        return slot
+
+    def _view(self, key: Hashable, slot: _ParamSlot) -> torch.Tensor:
+        file, numel, dtype = self._files[key]
+        return slot.buf[: file.nbytes].view(dtype)[:numel]
+
+    def start_read(self, key: Hashable, holder: Callable[[], None] | None = None) -> ParamRead:
+        """Starts reading `key`'s shard into a staging buffer. `holder` finishes whatever
+        the caller does with it, should the ring need the buffer back first."""
+        slot = self._take()
+        file = self._files[key][0]
+        request = file.read(slot.buf[: file.nbytes])
+        slot.holder = holder
+        return ParamRead(self._view(key, slot), slot, request)
+
+    @contextlib.contextmanager
+    def staged(self, key: Hashable, read: bool = True) -> Iterator[torch.Tensor]:
+        """The shard in a staging buffer (read=False: not read, for a caller that
+        overwrites all of it); written back, asynchronously, on a clean exit."""
+        slot = self._take()
+        file = self._files[key][0]
+        if read:
+            file.read(slot.buf[: file.nbytes]).wait()
+        yield self._view(key, slot)
+        slot.pending.append(file.write(slot.buf[: file.nbytes]))
+
+    def load(self, key: Hashable) -> torch.Tensor:
+        """`key`'s shard as a new host tensor (pageable), synchronously."""
+        with self.staged(key) as view:
+            out = view.clone()
+        return out
+
+    def store(self, key: Hashable, src: torch.Tensor) -> None:
+        """Replaces `key`'s shard with `src` (any device), synchronously."""
+        slot = self._take()
+        file = self._files[key][0]
+        self._view(key, slot).copy_(src)
+        file.write(slot.buf[: file.nbytes]).wait()
+
+    def settle(self) -> None:
+        """Waits for every transfer (finishing any gather still reading a buffer)."""
+        for s in self._slots:
+            s.settle()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.nbytes for f, _, _ in self._files.values())

@@ -17,6 +17,13 @@ master is a separate fp32 buffer in host memory (the update writes the working
 params as copies), and its optimizer states live in host memory or in a swap
 file that is read into `states` only around the chunk's step.
 
+With param_frac at stage 3 the chunk's `shard` lives in host memory
+(`params_on_host`), or, with param_tier="nvme", in a swap file of its own
+(`params_on_nvme`): `shard` is then a meta tensor (shape and dtype, no values)
+except inside staged_params() and the checkpoints' resident_states(), where it is a
+host copy read from the file; a gather reads the file into host staging first
+(_FileGather).
+
 Model parameters are views of `full` (`param.data`), so the model computes on
 the chunk's memory directly. [Note: stage 3 storage] At stage 3 `full` is a
 torch storage resized to 0 bytes when released and back when gathered: autograd
@@ -26,6 +33,8 @@ the gather refills the same storage.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -61,16 +70,23 @@ class FlatChunk:
         self.swap = offloader.swap if self.tier == "nvme" else None
         self.lo = rank * spec.shard_numel
         wd, rd = config.param_dtype, config.grad_reduce_dtype
-        self.reduce_dtype = rd
+        self.param_dtype, self.reduce_dtype = wd, rd
         device = memory.device
         n, s = spec.numel, spec.shard_numel
 
-        #: stage 3 with param_frac: the shard lives in host memory, copied up per gather
-        self.params_on_host = params_on_host
+        #: stage 3 with param_frac: the shard lives off the device (shard() says so with
+        #: params_on_host): in host memory, copied up per gather, or with
+        #: param_tier="nvme" (whose chunks the plan keeps on the nvme tier) in a swap file
+        self.params_on_nvme = params_on_host and offloader.config.param_tier == "nvme"
+        self.params_on_host = params_on_host and not self.params_on_nvme
         self._gather_src: torch.Tensor | None = None
-        if self.stage == 3:
+        if self.params_on_nvme:
+            self.swap.params.ensure(spec.index, s, wd)
+            self.shard = self._shard_placeholder()
+        elif self.stage == 3:
             owner = offloader.host if params_on_host else memory
             self.shard = owner.zeros("params", s, wd)
+        if self.stage == 3:
             self.full = torch.zeros(n, dtype=wd, device=device)
             self._storage = self.full.untyped_storage()
             self._full_bytes = self._storage.nbytes()
@@ -93,7 +109,9 @@ class FlatChunk:
         with torch.no_grad():
             for slot, p in zip(spec.slots, params):
                 self.full[slot.offset : slot.offset + slot.numel].copy_(p.detach().reshape(-1))
-        if self.stage == 3:
+        if self.params_on_nvme:
+            self.swap.params.store(spec.index, self.full[self.lo : self.lo + s])
+        elif self.stage == 3:
             self.shard.copy_(self.full[self.lo : self.lo + s])
         if trainable and wd == torch.float32 and self.host is None:
             self.master = self.shard
@@ -124,6 +142,8 @@ class FlatChunk:
         self._storage.resize_(self._full_bytes)
         self.memory.gathered.add(self._full_bytes)
         self.is_gathered = True
+        if self.params_on_nvme:
+            return _FileGather(self, group)
         src = self.shard
         if src.device != self.full.device:  # offloaded: up first, on the caller's stream
             src = self._gather_src = src.to(self.full.device, non_blocking=True)
@@ -135,6 +155,38 @@ class FlatChunk:
             self._storage.resize_(0)
             self.memory.gathered.add(-self._full_bytes)
             self.is_gathered = False
+
+    # -- parameters in a swap file (param_tier="nvme") ---------------------------
+    def _shard_placeholder(self) -> torch.Tensor:
+        """The shard's shape and dtype without values: they are in the swap file."""
+        return torch.empty(self.spec.shard_numel, dtype=self.param_dtype, device="meta")
+
+    @contextlib.contextmanager
+    def staged_params(self, read: bool = True) -> Iterator[None]:
+        """Inside: a swap-file shard is in host staging as `shard` (read=False: not read,
+        for an update that overwrites all of it), written back to its file on a clean
+        exit. Other chunks: nothing to do."""
+        if not self.params_on_nvme:
+            yield
+            return
+        try:
+            with self.swap.params.staged(self.spec.index, read) as view:
+                self.shard = view
+                yield
+        finally:
+            self.shard = self._shard_placeholder()
+
+    def resident_params(self) -> None:
+        """A swap-file shard as a host tensor in `shard` until store_params() (checkpoints)."""
+        if self.params_on_nvme:
+            self.shard = self.swap.params.load(self.spec.index)
+
+    def store_params(self, write: bool = True) -> None:
+        """Ends resident_params(): writes `shard` back to its file (unless write=False)."""
+        if self.params_on_nvme and self.shard.device.type != "meta":
+            if write:
+                self.swap.params.store(self.spec.index, self.shard)
+            self.shard = self._shard_placeholder()
 
     # -- gradients ------------------------------------------------------------
     def add_grad(self, index: int, grad: torch.Tensor) -> None:
@@ -280,3 +332,43 @@ class FlatChunk:
             else:
                 pieces.append((step, slice(a, b), [i]))
         return pieces
+
+
+class _FileGather:
+    """A stage-3 gather of a shard kept in a swap file: the file read starts now (so a
+    prefetch overlaps it with the running module), the all-gather once the gather is
+    waited for, or its staging buffer is needed again ([Note: parameter files] in
+    megalith_offload/swap.py); both at the same point of the program on every rank,
+    so every rank issues the gather group's collectives in the same order."""
+
+    def __init__(self, chunk: FlatChunk, group: comm.ProcessGroup):
+        self.chunk, self.group = chunk, group
+        device = chunk.full.device
+        # the caller's stream (stage 3's gather stream), for the copy up and the all-gather
+        self.stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        self.read = chunk.swap.params.start_read(chunk.spec.index, holder=self.wait)
+        self.handle: comm.Handle | None = None
+        self.done = False
+
+    def _start_all_gather(self) -> None:
+        if self.handle is not None:
+            return
+        src = self.read.wait()
+        if self.stream is None:  # CPU ranks: the all-gather reads the staging buffer itself
+            self.handle = comm.all_gather(self.chunk.full, src, group=self.group, async_op=True)
+            return
+        with torch.cuda.stream(self.stream):
+            src = self.chunk._gather_src = src.to(self.chunk.full.device, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(self.stream)
+            self.handle = comm.all_gather(self.chunk.full, src, group=self.group, async_op=True)
+        self.read.release(copied)  # the buffer is free once the copy up is done
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        self._start_all_gather()
+        self.handle.wait()
+        self.done = True
+        if self.stream is None:
+            self.read.release()

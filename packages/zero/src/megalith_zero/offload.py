@@ -104,21 +104,29 @@ def swapped_states(
 
 @contextlib.contextmanager
 def resident_states(zopt: Any) -> Iterator[None]:
-    """Inside: every NVMe chunk's states are plain host tensors in `chunk.states` (for
-    checkpoints, which read and write them directly); written back on a clean exit."""
+    """Inside: every NVMe chunk's states are plain host tensors in `chunk.states`, and
+    every parameter shard kept in a swap file one in `chunk.shard` (for checkpoints,
+    which read and write them directly); written back on a clean exit."""
     groups = zopt.optimizer.param_groups
     swapped = [c for c in zopt.chunks if c.tier == "nvme"]
+    with_params = [c for c in swapped if c.params_on_nvme]
     swapped = [c for c in swapped if zopt.rule.state_names(groups[c.spec.group])]
     for c in swapped:
         names = zopt.rule.state_names(groups[c.spec.group])
         c.ensure_states(names)
         c.states = {n: torch.empty(c.spec.shard_numel, dtype=torch.float32) for n in names}
         c.swap.load(c.spec.index, c.states)
+    clean = False
     try:
+        for c in with_params:
+            c.resident_params()
         yield
         for c in swapped:
             c.swap.store(c.spec.index, c.states)
+        clean = True
     finally:
+        for c in with_params:
+            c.store_params(write=clean)
         for c in swapped:
             c.states = {}
 

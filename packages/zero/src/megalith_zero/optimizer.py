@@ -63,6 +63,11 @@ def _sum_sq(grads: list[torch.Tensor]) -> tuple[float, bool]:
     return sum_sq, bad
 
 
+def _covers_shard(c: FlatChunk, pieces: list[tuple[int, slice, list[int]]]) -> bool:
+    """Whether the update writes every element of the chunk's shard (the usual case)."""
+    return len(pieces) == 1 and pieces[0][1] == slice(0, c.spec.shard_numel)
+
+
 class ZeroOptimizer:
     """Use like a torch optimizer: backward(loss), optional clip_grad_norm_, step(), zero_grad().
 
@@ -107,7 +112,8 @@ class ZeroOptimizer:
         host = [c for c in self.trainable if c.tier != "device"]
         if host:
             slots = require_offload().HOST_STEP_SLOTS  # as the placement counted them
-            self.stepper = HostStepper(host, offloader.host, host[0].shard.device, slots)
+            # the gradients' device: a shard kept off the device (param_frac) says nothing
+            self.stepper = HostStepper(host, offloader.host, host[0].shard_grad.device, slots)
         self.step_in_backward = config.step_in_backward
         self._stepped_early: set[int] = set()  # ids of chunks stepped by this backward
         self._synced_at_step = 0  # reducer.synced_backwards when step() last ran
@@ -258,8 +264,11 @@ class ZeroOptimizer:
         work_of = {id(c): (u, group, names) for c, u, group, names in swapped}
         for c in swapped_states(self.offloader, [(c, n) for c, _, _, n in swapped]):
             u, group, names = work_of[id(c)]
-            self._submit_host(c, group, c.step_pieces(u), grad_scale)
-            self.stepper.wait()  # the states are loaded only inside this loop turn
+            pieces = c.step_pieces(u)
+            # a shard in a swap file is staged beside the states, written back after
+            with c.staged_params(read=not _covers_shard(c, pieces)):
+                self._submit_host(c, group, pieces, grad_scale)
+                self.stepper.wait()  # the states are loaded only inside this loop turn
         if self.stepper is not None:
             self.stepper.wait()
         step_stream = self.reducer.streams.step
@@ -311,10 +320,13 @@ class ZeroOptimizer:
         piece, on the host copies of its gradients and into staged working params)."""
         names = self.rule.state_names(group)
         c.ensure_states(names)
+        # parameters kept in host memory (or staged from their swap file) are written in
+        # place: nothing goes up
+        in_place = c.params_on_host or c.params_on_nvme
+        shard = c.shard
 
         def work(grads: torch.Tensor, params: torch.Tensor) -> None:
-            # parameters kept in host memory are written in place: nothing goes up
-            out = c.shard if c.params_on_host else params
+            out = shard if in_place else params
             for step, sl, _ in pieces:
                 self.rule.apply(
                     group,
@@ -326,7 +338,7 @@ class ZeroOptimizer:
                     grad_scale,
                 )
 
-        up = [] if c.params_on_host else [sl for _, sl, _ in pieces]
+        up = [] if in_place else [sl for _, sl, _ in pieces]
         self.stepper.submit(c, work, up)
 
     @property
