@@ -12,6 +12,7 @@ from megalith_offload import OffloadConfig
 
 from ..booster.toy_loop import train_toy
 from ..zero import toy
+from .worker import shard_or_error
 
 #: the device-tier kinds of the engine's accounting (CPU ranks: gathered is engine-tallied)
 DEVICE_KINDS = ("params", "grads", "grads_in_flight", "gathered", "master", "optim_states")
@@ -107,19 +108,13 @@ def unbroadcast(rank: int, budget: int):
     """shard() with a budget too small: (error message, whether this rank's parameters
     kept their own values, i.e. no broadcast ran). Each rank builds a different model."""
     model = toy.make_model(rank)
-    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     config = zero.ZeroConfig(
         stage=2,
         chunk_bytes=2048,
         offload=OffloadConfig(placement="auto", device_budget_bytes=budget),
     )
-    try:
-        zero.shard(model, opt, config)
-    except ValueError as e:
-        after = model.state_dict()
-        return str(e), all(torch.equal(before[k], after[k]) for k in before)
-    return "no error", False
+    return shard_or_error(model, opt, config)
 
 
 @dataclass(frozen=True)

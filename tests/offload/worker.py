@@ -53,11 +53,8 @@ def offload_config(case: Case) -> OffloadConfig | None:
     )
 
 
-def _train(rank: int, case: Case):
-    n = comm.get_world().world_size
-    model = toy.make_model(0).to(case.device)
-    opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
-    config = zero.ZeroConfig(
+def zero_config(case: Case) -> zero.ZeroConfig:
+    return zero.ZeroConfig(
         stage=case.stage,
         precision=case.precision,
         chunk_bytes=case.chunk_bytes,
@@ -66,7 +63,25 @@ def _train(rank: int, case: Case):
         overlap_param_gather=case.overlap_gather,
         prefetch=case.prefetch,
     )
-    zmodel, zopt = zero.shard(model, opt, config)
+
+
+def shard_or_error(model, opt, config: zero.ZeroConfig) -> tuple[str, bool]:
+    """shard() that must fail: (its error message, whether the model kept its own values,
+    i.e. no broadcast ran before the check)."""
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    try:
+        zero.shard(model, opt, config)
+    except ValueError as e:
+        after = model.state_dict()
+        return str(e), all(torch.equal(before[k], after[k]) for k in before)
+    return "no error", False
+
+
+def _train(rank: int, case: Case):
+    n = comm.get_world().world_size
+    model = toy.make_model(0).to(case.device)
+    opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
+    zmodel, zopt = zero.shard(model, opt, zero_config(case))
     try:
         return _run(rank, n, case, zmodel, zopt)
     finally:
@@ -139,14 +154,7 @@ class Resume:
 def _shard(case: Case, seed: int):
     model = toy.make_model(seed)
     opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
-    config = zero.ZeroConfig(
-        stage=case.stage,
-        precision=case.precision,
-        chunk_bytes=case.chunk_bytes,
-        offload=offload_config(case),
-        step_in_backward=case.eager,
-    )
-    return zero.shard(model, opt, config)
+    return zero.shard(model, opt, zero_config(case))
 
 
 def _save(kind: str, zmodel, zopt, path: str) -> None:
@@ -188,17 +196,11 @@ def refused(rank: int, case: Case):
     rank's parameters kept their own values, i.e. no broadcast ran). Each rank builds a
     different model."""
     model = toy.make_model(rank)
-    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     config = zero.ZeroConfig(
         stage=case.stage, chunk_bytes=case.chunk_bytes, offload=offload_config(case)
     )
-    try:
-        zero.shard(model, opt, config)
-    except ValueError as e:
-        after = model.state_dict()
-        return str(e), all(torch.equal(before[k], after[k]) for k in before)
-    return "no error", False
+    return shard_or_error(model, opt, config)
 
 
 @dataclass(frozen=True)
