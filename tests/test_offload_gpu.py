@@ -24,6 +24,8 @@ def test_host_offload_on_cuda_matches_device(stage):
         Case(stage=stage, tier="host", steps=10, device="cuda"),
         Case(stage=stage, tier="host", eager=True, steps=10, device="cuda"),
         Case(stage=stage, eager=True, steps=10, device="cuda"),  # device chunks, step stream
+        # half the host chunks updated on the GPU, their states streamed through slots
+        Case(stage=stage, tier="host", eager=True, visit_frac=0.5, steps=10, device="cuda"),
     ]
     if stage == 3:  # parameter shards in pinned host memory, copied up per gather
         cases.append(
@@ -44,3 +46,4 @@ def test_host_offload_on_cuda_matches_device(stage):
             assert r["report"]["grad_staging@host"][0] > 0, r["report"]
         if case.param_frac:
             assert r["report"]["params@host"][0] > 0, r["report"]
+        assert r["visits_ran"] == bool(case.visit_frac), case

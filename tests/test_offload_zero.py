@@ -1,8 +1,9 @@
 """ZeRO with optimizer states and fp32 masters offloaded (megalith_offload) against ZeRO
 without: the same engine kernel runs on the same fp32 numbers, so parameters and losses
 must be bit-equal after 20 steps, on the host tier and on the NVMe tier, at stages 2 and 3
-(and stage 1, mixed tiers and bf16 at world 2); and with step_in_backward, where host
-chunks are updated while backward goes on.
+(and stage 1, mixed tiers and bf16 at world 2); with step_in_backward, where host
+chunks are updated while backward goes on; and with visit_frac, where the device kernel
+updates host chunks whose states it streams through its slots.
 
 One process group per world size runs every case (run_grid); the toy model
 (tests/zero/toy.py) has odd sizes, a tied head, a Linear called twice and one never
@@ -32,6 +33,8 @@ def cases(swap: str, world: int) -> list[Case]:
             Case(stage=stage, tier="host", eager=True),  # updated during backward
             Case(stage=stage, eager=True),  # device chunks updated during backward
             Case(stage=stage, tier="nvme", swap_dir=swap),
+            # half of the host chunks updated by the device kernel, states streamed
+            Case(stage=stage, tier="host", visit_frac=0.5, eager=stage == 2),
         ]
     out += [  # stage 3 parameter shards in host memory, all or half of them
         Case(stage=3, tier="host", param_frac=1.0, eager=True),
@@ -51,6 +54,7 @@ def cases(swap: str, world: int) -> list[Case]:
             Case(stage=2, tier="host+nvme", host_budget=49000, swap_dir=swap, eager=True),
             Case(stage=2, precision="bf16"),
             Case(stage=2, tier="host", precision="bf16", eager=True),
+            Case(stage=2, tier="host", precision="bf16", eager=True, visit_frac=1.0),
         ]
     return out
 
@@ -80,6 +84,9 @@ def test_offloaded_training_matches_device_training(world_size, tmp_path):
                 expect = {"nvme", "device"}
             assert set(r["tiers"]) == expect, (case, r["tiers"])
             assert r["swap_removed"] and r["swap_used"] == ("nvme" in r["tiers"])
+            host = r["tiers"].count("host")
+            assert len(r["visited"]) == int(case.visit_frac * host + 1e-9), (case, r["visited"])
+            assert r["visits_ran"] == bool(r["visited"]), case
             if r["swap_used"] and case.tier == "nvme":  # each step read the next chunk
                 n = r["tiers"].count("nvme")  # while stepping this one; one stream
                 assert r["prefetched"] == (case.steps - 1) * (n - 1) > 0, (case, r["prefetched"])

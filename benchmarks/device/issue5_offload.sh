@@ -25,6 +25,11 @@ for section in ${SECTIONS:-gpt1p3b gpt6p7b gpt12b}; do
   gpt12b)
     bench 12b_zero2-offload 300 --model gpt-13b --layers 38 --ckpt --batch 1 --steps 3 --warmup 1 \
       --optim-frac 0 --device-budget-gb "${DEVICE_GB_12B:-73}" --modes zero2-offload ;;
+  gpt12b-visit)  # a third of the host chunks updated by the GPU, states streamed
+    for v in ${VISIT_FRACS:-0.3 0.5}; do
+      bench "12b_visit$v" 300 --model gpt-13b --layers 38 --ckpt --batch 1 --steps 3 --warmup 1 \
+        --optim-frac 0 --device-budget-gb "${DEVICE_GB_12B:-73}" --modes zero2-offload --visit-frac "$v"
+    done ;;
   largest)
     mkdir -p "${SWAP:-/tmp/swap}"
     bench largest_zero2-offload "${LIMIT_LARGEST:-420}" --model gpt-13b --layers "${LAYERS:-57}" \

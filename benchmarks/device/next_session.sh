@@ -10,7 +10,9 @@
 #  - ZeRO-3 with every parameter shard in host memory (param_frac=1) at 1.3B;
 #  - ZeRO-3 with chunks kept gathered from forward to backward (keep_gathered_bytes);
 # and the 16-core AdamW on the engine's huge-page host memory beside torch on the same
-# memory (issue 2). About 9 minutes.
+# memory (issue 2). About 9 minutes. Second call: the 12B with part of the host update
+# moved to the GPU (OffloadConfig.visit_frac; 1,206 tok/s with none on 2026-11-30):
+#   SECTIONS="gpt12b gpt12b-visit" bash benchmarks/device/issue5_offload.sh
 source "$(dirname "$0")/setup.sh"
 REBUILD=1 build comm zero pipeline offload
 log ctest-memory-gpu  # the pinned huge-page blocks (written 2026-11-30, not yet run on a GPU)

@@ -159,7 +159,7 @@ def sync() -> None:
 KEEP_GATHERED = [0]
 
 #: OffloadConfig arguments of the offload modes (--tier, --optim-frac, --host-budget-gb,
-#: --device-budget-gb, --swap-dir, --placement, --param-frac)
+#: --device-budget-gb, --swap-dir, --placement, --param-frac, --visit-frac)
 OFFLOAD: dict = {"tier": "host"}
 
 
@@ -237,6 +237,12 @@ def main() -> None:
         "--param-frac", type=float, default=0.0, help="zero3-offload: param shards on the host"
     )
     ap.add_argument(
+        "--visit-frac",
+        type=float,
+        default=0.0,
+        help="offload modes: host chunks the GPU updates, their states streamed",
+    )
+    ap.add_argument(
         "--init-dtype",
         default="fp32",
         help="dtype the model is built in (bf16 halves the build's peak for the largest "
@@ -257,6 +263,7 @@ def main() -> None:
         swap_dir=a.swap_dir,
         placement=a.placement,
         param_frac=a.param_frac,
+        visit_frac=a.visit_frac,
     )
     if a.host_budget_gb:
         OFFLOAD["host_budget_bytes"] = int(a.host_budget_gb * 1e9)

@@ -36,6 +36,7 @@ class Case:
     overlap_gather: bool = False  # ZeroConfig(overlap_param_gather=True)
     param_tier: str = "host"  # OffloadConfig(param_tier=...): "nvme" keeps them in swap files
     prefetch: int = 1  # ZeroConfig(prefetch=...)
+    visit_frac: float = 0.0  # OffloadConfig(visit_frac=...): host chunks the device updates
 
 
 def offload_config(case: Case) -> OffloadConfig | None:
@@ -50,6 +51,7 @@ def offload_config(case: Case) -> OffloadConfig | None:
         run_name="test",
         param_frac=case.param_frac,
         param_tier=case.param_tier,
+        visit_frac=case.visit_frac,
     )
 
 
@@ -105,6 +107,9 @@ def _run(rank: int, n: int, case: Case, zmodel, zopt) -> dict:
         "losses": losses,
         "params": state if rank == 0 else None,
         "report": report,
+        # host chunks the device updated (OffloadConfig.visit_frac)
+        "visited": [c.spec.index for c in zopt.trainable if zopt._visits(c)],
+        "visits_ran": zopt.visits is not None,
         "tiers": tiers,
         "swap_removed": gone,
         "swap_used": swap is not None,

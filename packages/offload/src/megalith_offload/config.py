@@ -57,6 +57,12 @@ class OffloadConfig:
         states on NVMe whatever the host budget). A gather reads the shard into one of
         a small ring of host staging buffers first (a prefetch starts the read early);
         the host update writes the new values back to the file.
+    visit_frac: the fraction of host-tier chunks (working parameters on the device) that
+        the device kernel updates, their masters and states streamed through a few
+        device slots and back, so that the copy engines share the update with the host
+        cores ([Note: visiting chunks] in megalith_zero/visit.py): every k-th such chunk,
+        spread over the model. The slots, two of the largest chunk's master and states,
+        come on top of device_budget_bytes. 0: the host updates every offloaded chunk.
     cpu_threads: host threads of the engine's CPU kernels for the offloaded update;
         None: MEGALITH_NUM_THREADS when set, else the CPUs this process may run on
         shared by the ranks of this host (LOCAL_WORLD_SIZE), one left for the thread
@@ -77,6 +83,7 @@ class OffloadConfig:
     param_frac: float = 0.0
     cpu_threads: int | None = None
     param_tier: str = "host"
+    visit_frac: float = 0.0
 
     def __post_init__(self) -> None:
         if self.tier not in TIERS:
@@ -102,6 +109,9 @@ class OffloadConfig:
                 "moves optimizer states only: use placement='static' to offload parameters"
             )
         self._check_param_tier()
+        vf = self.visit_frac
+        if isinstance(vf, bool) or not isinstance(vf, (int, float)) or not 0 <= vf <= 1:
+            raise ValueError(f"OffloadConfig: visit_frac={vf!r}; expected 0 <= visit_frac <= 1")
         if self.placement not in PLACEMENTS:
             raise ValueError(
                 f"OffloadConfig: placement={self.placement!r}; expected 'static' or 'auto'"

@@ -20,6 +20,7 @@ from .host_step import HostStepper
 from .loss_scale import DynamicLossScaler
 from .offload import require_offload, swapped_states
 from .rule import Rule
+from .visit import DeviceVisits
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,8 @@ class ZeroOptimizer:
             slots = require_offload().HOST_STEP_SLOTS  # as the placement counted them
             # the gradients' device: a shard kept off the device (param_frac) says nothing
             self.stepper = HostStepper(host, offloader.host, host[0].shard_grad.device, slots)
+        #: host chunks updated on the device (OffloadConfig.visit_frac); made at first use
+        self.visits: DeviceVisits | None = None
         self.step_in_backward = config.step_in_backward
         self._stepped_early: set[int] = set()  # ids of chunks stepped by this backward
         self._synced_at_step = 0  # reducer.synced_backwards when step() last ran
@@ -271,6 +274,8 @@ class ZeroOptimizer:
                 self.stepper.wait()  # the states are loaded only inside this loop turn
         if self.stepper is not None:
             self.stepper.wait()
+        if self.visits is not None:
+            self.visits.wait()
         step_stream = self.reducer.streams.step
         if step_stream is not None and self._stepped_early:  # device chunks updated early
             torch.cuda.current_stream(step_stream.device).wait_stream(step_stream)
@@ -320,6 +325,22 @@ class ZeroOptimizer:
         piece, on the host copies of its gradients and into staged working params)."""
         names = self.rule.state_names(group)
         c.ensure_states(names)
+        if self._visits(c):
+
+            def apply(master: torch.Tensor, states: dict[str, torch.Tensor]) -> None:
+                for step, sl, _ in pieces:
+                    self.rule.apply(
+                        group,
+                        step,
+                        [master[sl]],
+                        [c.shard_grad[sl]],
+                        {n: [states[n][sl]] for n in names},
+                        [c.shard[sl]],
+                        grad_scale,
+                    )
+
+            self._device_visits().submit(c, names, apply)
+            return
         # parameters kept in host memory (or staged from their swap file) are written in
         # place: nothing goes up
         in_place = c.params_on_host or c.params_on_nvme
@@ -340,6 +361,37 @@ class ZeroOptimizer:
 
         up = [] if in_place else [sl for _, sl, _ in pieces]
         self.stepper.submit(c, work, up)
+
+    def _visits(self, c: FlatChunk) -> bool:
+        """Whether the device updates this host chunk (OffloadConfig.visit_frac): every
+        k-th of the host chunks whose parameters are on the device, by layout order;
+        not during placement="auto"'s warm-up, which measures the plain step."""
+        frac = self.offloader.config.visit_frac if self.offloader is not None else 0.0
+        if not frac or (self.placement is not None and self.placement.pending):
+            return False
+        if c.tier != "host" or c.params_on_host or c.params_on_nvme:
+            return False
+        eligible = [
+            x.spec.index
+            for x in self.trainable
+            if x.tier == "host" and not (x.params_on_host or x.params_on_nvme)
+        ]
+        j = eligible.index(c.spec.index)
+        return math.floor((j + 1) * frac + 1e-9) > math.floor(j * frac + 1e-9)
+
+    def _device_visits(self) -> DeviceVisits:
+        if self.visits is None:
+            host = [c for c in self.trainable if c.tier == "host"]
+            names: list[str] = []
+            for g in self.optimizer.param_groups:
+                names += [n for n in self.rule.state_names(g) if n not in names]
+            self.visits = DeviceVisits(
+                max(c.spec.shard_numel for c in host),
+                tuple(names),
+                host[0].memory,
+                self.reducer.streams.step,
+            )
+        return self.visits
 
     @property
     def _updated_in_backward(self) -> bool:
@@ -388,6 +440,8 @@ class ZeroOptimizer:
         if self.stepper is not None:
             self.stepper.wait()
             self.stepper.close()
+        if self.visits is not None:
+            self.visits.wait()
         if self.offloader is not None:
             self.offloader.close()
 
