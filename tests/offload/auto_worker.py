@@ -90,6 +90,7 @@ def train(rank: int, case: Auto):
         tiers=[c.tier for c in zmodel.chunks if c.trainable],
         report={k: (u.current_bytes, u.peak_bytes) for k, u in report.items()},
         device_peak=_device_peak(report),
+        kept_bytes=zopt.placement.kept_bytes if zopt.placement else 0,  # stage 3: kept gathered
         # masters and states on the device tier, per trainable chunk (0: offloaded)
         chunk_device=[
             4 * c.spec.shard_numel * (len(c.states) + (c.shard.dtype != torch.float32))

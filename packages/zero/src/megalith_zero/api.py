@@ -267,7 +267,7 @@ def shard(
         if config.stage == 3:  # prefetching holds this many gathered chunks more
             ahead = config.prefetch * max(c.spec.numel for c in chunks) * element
         zmodel.placement = zopt.placement = AutoPlacement(
-            budget, config.offload.headroom, memory, chunks, offloader, plan_index, ahead
+            budget, config.offload.headroom, memory, chunks, offloader, plan_index, ahead, stage3
         )
     zmodel.optimizer, zopt.model = zopt, zmodel  # checkpoint functions take either
     return zmodel, zopt

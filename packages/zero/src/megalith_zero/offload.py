@@ -167,7 +167,9 @@ class AutoPlacement:
     budget back to the device tier.
 
     After finish(): `footprint` (the warm-up's peaks), `room` (bytes the budget left for
-    masters and states on the device) and `moved` (the chunk indices moved back).
+    masters and states on the device), `moved` (the chunk indices moved back) and, at
+    stage 3, `kept_bytes` (what the moves left, for gathered chunks kept from forward
+    to backward: they are held at the step's peak, which the room was measured at).
     """
 
     def __init__(
@@ -179,6 +181,7 @@ class AutoPlacement:
         offloader: Any,
         plan_index: dict[int, int],
         prefetch_bytes: int = 0,
+        stage3: Any = None,
     ):
         mo = require_offload()
         self.budget, self.headroom = budget, headroom
@@ -192,6 +195,10 @@ class AutoPlacement:
         self.footprint: Any = None
         self.room: int | None = None
         self.moved: list[int] = []
+        #: stage 3: the room left after the moves, given to Stage3Hooks for chunks kept
+        #: gathered from forward to backward ([Note: kept chunks])
+        self.stage3 = stage3
+        self.kept_bytes = 0
 
     def _param_storages(self) -> list[int]:
         return [c.full.untyped_storage().data_ptr() for c in self.chunks]
@@ -236,6 +243,10 @@ class AutoPlacement:
                 n_states = len(names[c.spec.index])
                 costs.append((c.spec.index, FLOAT * c.spec.shard_numel * (n_states + mixed)))
         self.moved = mo.auto.choose(costs, self.room)
+        if self.stage3 is not None:
+            moved_bytes = sum(nbytes for k, nbytes in costs if k in self.moved)
+            self.kept_bytes = max(0, self.room - moved_bytes)
+            self.stage3.keep_bytes += self.kept_bytes
         by_index = {c.spec.index: c for c in self.chunks}
         for k in self.moved:
             by_index[k].to_device(names[k])
