@@ -129,5 +129,5 @@ def reference_mixed(seed: int, steps: int, dtype: torch.dtype, lr: float = 1e-2)
         with torch.no_grad():
             for pm, pw in zip(master.parameters(), model.parameters()):
                 pw.copy_(pm)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses, {n: p.detach().clone() for n, p in master.named_parameters()}
