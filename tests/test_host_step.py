@@ -133,3 +133,29 @@ def test_interpreter_exit_joins_a_running_worker(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "terminate" not in proc.stderr, proc.stderr
     assert marker.read_text() == "done"  # the update ran to its end
+
+
+def test_chunks_updated_in_place_get_no_parameter_staging():
+    """Shards in host memory (param_frac) are written by the update itself: the stepper
+    keeps gradient staging only."""
+    chunks = [chunk(n, i) for i, n in enumerate((5, 9))]
+    for c in chunks:
+        c.params_on_host = True
+    tier = HostTier(pinned=False)
+    stepper = HostStepper(chunks, tier, torch.device("cpu"), slots=2)
+    assert tier.report().get("param_staging", (0, 0))[0] == 0
+    assert tier.report()["grad_staging"][0] > 0
+
+    def in_place(c):
+        def work(grads, params):
+            assert params is c.shard
+            c.shard.copy_(grads * 3)
+
+        return work
+
+    for c in chunks:
+        stepper.submit(c, in_place(c), [])
+    stepper.wait()
+    for c in chunks:
+        assert torch.equal(c.shard, c.shard_grad * 3)
+    stepper.close()

@@ -61,7 +61,15 @@ class HostStepper:
         numel = max(c.spec.shard_numel for c in chunks)
         grad_dtype, param_dtype = chunks[0].shard_grad.dtype, chunks[0].shard.dtype
         self._grads = [host.empty("grad_staging", numel, grad_dtype) for _ in range(self.slots)]
-        self._params = [host.empty("param_staging", numel, param_dtype) for _ in range(self.slots)]
+        # chunks whose shard is host memory (param_frac) are updated in place: no staging
+        in_place = all(
+            getattr(c, "params_on_host", False) or getattr(c, "params_on_nvme", False)
+            for c in chunks
+        )
+        self._params = [
+            None if in_place else host.empty("param_staging", numel, param_dtype)
+            for _ in range(self.slots)
+        ]
         self._up_done: list[torch.cuda.Event | None] = [None] * slots
         self._next_slot = 0
         if self.cuda:
@@ -143,7 +151,8 @@ class HostStepper:
 
     def _step(self, job: _Job) -> None:
         n = job.chunk.spec.shard_numel
-        grads, params = self._grads[job.slot][:n], self._params[job.slot][:n]
+        grads, staging = self._grads[job.slot][:n], self._params[job.slot]
+        params = staging[:n] if staging is not None else job.chunk.shard
         if job.copied is not None:
             job.copied.synchronize()
         if self._up_done[job.slot] is not None:  # the slot's last parameters went up
