@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_host_offload_on_cuda_matches_device(stage):
+def test_host_offload_on_cuda_matches_device(stage, tmp_path):
     cases = [
         Case(stage=stage, steps=10, device="cuda"),
         Case(stage=stage, tier="host", steps=10, device="cuda"),
@@ -31,11 +31,25 @@ def test_host_offload_on_cuda_matches_device(stage):
         cases.append(
             Case(stage=3, tier="host", eager=True, param_frac=1.0, steps=10, device="cuda")
         )
+        # and in swap files, read through the pinned ring, half of them
+        swap = str(tmp_path / "swap")
+        cases.append(
+            Case(
+                stage=3,
+                tier="nvme",
+                param_frac=0.5,
+                param_tier="nvme",
+                swap_dir=swap,
+                steps=10,
+                device="cuda",
+            )
+        )
     results = [r[0] for r in run_grid(train, cases, 1, backend="nccl", timeout=240)]
     base = results[0]
     for case, r in zip(cases[1:], results[1:]):
         assert not isinstance(r, tuple), r
-        assert set(r["tiers"]) == ({"device"} if case.tier == "none" else {"host"}), r["tiers"]
+        want = {"none": {"device"}, "host": {"host"}, "nvme": {"nvme"}}[case.tier]
+        assert set(r["tiers"]) == want, r["tiers"]
         for a, b in zip(r["losses"], base["losses"]):
             assert abs(a - b) <= 1e-5 * abs(b), (case, r["losses"], base["losses"])
         for name, ref in base["params"].items():
@@ -45,5 +59,6 @@ def test_host_offload_on_cuda_matches_device(stage):
         if case.tier == "host":  # pinned staging used
             assert r["report"]["grad_staging@host"][0] > 0, r["report"]
         if case.param_frac:
-            assert r["report"]["params@host"][0] > 0, r["report"]
+            kind = "params@nvme" if case.param_tier == "nvme" else "params@host"
+            assert r["report"][kind][0] > 0, r["report"]
         assert r["visits_ran"] == bool(case.visit_frac), case
