@@ -30,6 +30,12 @@ for section in ${SECTIONS:-gpt1p3b gpt6p7b gpt12b}; do
       bench "12b_visit$v" 300 --model gpt-13b --layers 38 --ckpt --batch 1 --steps 3 --warmup 1 \
         --optim-frac 0 --device-budget-gb "${DEVICE_GB_12B:-73}" --modes zero2-offload --visit-frac "$v"
     done ;;
+  largest-host)  # the largest with CPU offload alone, no NVMe: 44 layers of d5120, 14.1B
+    # (offload_plan.py: GPU 125-130 GB before activations, host 100 GB)
+    bench largest-host_zero2-offload 360 --model gpt-13b --layers "${LAYERS_HOST:-44}" --ckpt \
+      --batch 1 --steps 3 --warmup 0 --init-dtype bf16 --tier host --optim-frac 0 \
+      --device-budget-gb "${DEVICE_GB_HOST:-74}" --host-budget-gb "${HOST_GB:-110}" \
+      --modes zero2-offload ;;
   largest)
     mkdir -p "${SWAP:-/tmp/swap}"
     bench largest_zero2-offload "${LIMIT_LARGEST:-420}" --model gpt-13b --layers "${LAYERS:-57}" \
