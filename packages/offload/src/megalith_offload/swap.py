@@ -45,6 +45,26 @@ def file_bytes(numel: int, n_states: int) -> int:
     return n_states * _padded(numel)
 
 
+def _reserve(
+    swap_dir: _engine.io.SwapDir, name: str, nbytes: int, staging: int, what: str
+) -> _engine.io.SwapFile:
+    """A swap file of `nbytes` for `what`, which must fit its `staging` buffer; a full
+    disk raises OSError naming what, the bytes and the directory."""
+    if nbytes > staging:
+        raise ValueError(
+            f"megalith_offload: {what}: {nbytes} bytes, more than the "
+            f"{staging}-byte staging buffer planned for it"
+        )
+    try:
+        return swap_dir.allocate(name, nbytes)
+    except OSError as e:
+        raise OSError(
+            e.errno,
+            f"megalith_offload: no room for {what} ({nbytes} bytes) "
+            f"in the swap directory {swap_dir.path}: {e}",
+        ) from e
+
+
 class _Entry:
     def __init__(self, file: _engine.io.SwapFile, names: tuple[str, ...], numel: int):
         self.file, self.names, self.numel = file, names, numel
@@ -106,19 +126,8 @@ class SwapStore:
                 )
             return
         nbytes = file_bytes(numel, len(names))
-        if nbytes > self._slots[0].buf.numel() * FLOAT:
-            raise ValueError(
-                f"megalith_offload: chunk {key}'s states take {nbytes} bytes, more than the "
-                f"{self._slots[0].buf.numel() * FLOAT}-byte staging buffer planned for them"
-            )
-        try:
-            file = self.dir.allocate(f"chunk{key}", nbytes)
-        except OSError as e:
-            raise OSError(
-                e.errno,
-                f"megalith_offload: no room for chunk {key}'s optimizer states ({nbytes} bytes) "
-                f"in the swap directory {self.path}: {e}",
-            ) from e
+        staging = self._slots[0].buf.numel() * FLOAT
+        file = _reserve(self.dir, f"chunk{key}", nbytes, staging, f"chunk {key}'s optimizer states")
         self._entries[key] = _Entry(file, names, numel)
         self._peak = max(self._peak, self.nbytes)
 
@@ -279,19 +288,9 @@ class ParamFiles:
         if key in self._files:
             return
         nbytes = padded(numel * torch.empty((), dtype=dtype).element_size())
-        if nbytes > self._slots[0].buf.numel():
-            raise ValueError(
-                f"megalith_offload: chunk {key}'s parameter shard takes {nbytes} bytes, more "
-                f"than the {self._slots[0].buf.numel()}-byte staging buffer planned for it"
-            )
-        try:
-            file = self.dir.allocate(f"chunk{key}.params", nbytes)
-        except OSError as e:
-            raise OSError(
-                e.errno,
-                f"megalith_offload: no room for chunk {key}'s parameter shard ({nbytes} bytes) "
-                f"in the swap directory {self.dir.path}: {e}",
-            ) from e
+        staging = self._slots[0].buf.numel()
+        what = f"chunk {key}'s parameter shard"
+        file = _reserve(self.dir, f"chunk{key}.params", nbytes, staging, what)
         self._files[key] = (file, numel, dtype)
 
     def _take(self) -> _ParamSlot:
