@@ -180,3 +180,46 @@ def test_parameter_ring_finishes_a_holder_before_reusing_its_buffer(tmp_path):
     assert host.report()["param_swap_staging"][0] == 2 * 8192
     store.close()
     assert not Path(store.path).exists()
+
+
+class _LateWrites:
+    """A swap file whose writes land only when waited for: the slowest disk allowed."""
+
+    def __init__(self, file):
+        self.file, self.nbytes = file, file.nbytes
+
+    def read(self, buf):
+        return self.file.read(buf)
+
+    def write(self, buf):
+        return _Deferred(lambda: self.file.write(buf).wait())
+
+
+class _Deferred:
+    def __init__(self, work):
+        self.work = work
+
+    def wait(self):
+        work, self.work = self.work, None
+        if work is not None:
+            work()
+
+
+def test_parameter_read_waits_for_the_write_back_of_its_file(tmp_path):
+    """A write-back from one staging buffer is still in flight when the next read of
+    the same file starts into the other buffer: the read must see the written values."""
+    host = HostTier(pinned=False)
+    cfg = OffloadConfig(tier="nvme", swap_dir=str(tmp_path), run_name="unit")
+    store = SwapStore(cfg, 0, host, 1, 4096, param_slots=2, param_slot_bytes=8192)
+    files = store.params
+    expected = torch.randn(1500)
+    files.ensure(0, expected.numel(), torch.float32)
+    files.store(0, expected)
+    file, numel, dtype = files._files[0]
+    files._files[0] = (_LateWrites(file), numel, dtype)
+    for step in range(4):
+        with files.staged(0) as view:
+            view.add_(step + 1)
+        expected.add_(step + 1)
+        assert torch.equal(files.start_read(0).wait(), expected), step
+    store.close()

@@ -282,6 +282,9 @@ class ParamFiles:
             for _ in range(slots)
         ]
         self._next = 0
+        #: the write-back in flight per key: a read or write of that file waits for it
+        #: (requests on one file must not overlap, and a read must see the last write)
+        self._writing: dict[Hashable, _engine.io.Request] = {}
 
     def ensure(self, key: Hashable, numel: int, dtype: torch.dtype) -> None:
         """Reserves the file for `key`'s shard of `numel` elements of `dtype`."""
@@ -298,6 +301,13 @@ class ParamFiles:
         slot.settle()
         return slot
 
+    def _file(self, key: Hashable) -> _engine.io.SwapFile:
+        """`key`'s file, once no write-back to it is in flight."""
+        write = self._writing.pop(key, None)
+        if write is not None:
+            write.wait()
+        return self._files[key][0]
+
     def _view(self, key: Hashable, slot: _ParamSlot) -> torch.Tensor:
         file, numel, dtype = self._files[key]
         return slot.buf[: file.nbytes].view(dtype)[:numel]
@@ -306,7 +316,7 @@ class ParamFiles:
         """Starts reading `key`'s shard into a staging buffer. `holder` finishes whatever
         the caller does with it, should the ring need the buffer back first."""
         slot = self._take()
-        file = self._files[key][0]
+        file = self._file(key)
         request = file.read(slot.buf[: file.nbytes])
         slot.holder = holder
         return ParamRead(self._view(key, slot), slot, request)
@@ -316,11 +326,13 @@ class ParamFiles:
         """The shard in a staging buffer (read=False: not read, for a caller that
         overwrites all of it); written back, asynchronously, on a clean exit."""
         slot = self._take()
-        file = self._files[key][0]
+        file = self._file(key)
         if read:
             file.read(slot.buf[: file.nbytes]).wait()
         yield self._view(key, slot)
-        slot.pending.append(file.write(slot.buf[: file.nbytes]))
+        write = file.write(slot.buf[: file.nbytes])
+        slot.pending.append(write)
+        self._writing[key] = write
 
     def load(self, key: Hashable) -> torch.Tensor:
         """`key`'s shard as a new host tensor (pageable), synchronously."""
@@ -331,7 +343,7 @@ class ParamFiles:
     def store(self, key: Hashable, src: torch.Tensor) -> None:
         """Replaces `key`'s shard with `src` (any device), synchronously."""
         slot = self._take()
-        file = self._files[key][0]
+        file = self._file(key)
         self._view(key, slot).copy_(src)
         file.write(slot.buf[: file.nbytes]).wait()
 
@@ -339,6 +351,7 @@ class ParamFiles:
         """Waits for every transfer (finishing any gather still reading a buffer)."""
         for s in self._slots:
             s.settle()
+        self._writing.clear()
 
     @property
     def nbytes(self) -> int:
