@@ -80,6 +80,8 @@ def test_auto_placement_training_and_budgets(tmp_path):
     bases = [Auto(stage=s, precision=p) for s, p in keys]
     everything = [Auto(stage=s, precision=p, budget=HUGE) for s, p in keys]
     everything.append(Auto(stage=3, budget=HUGE, tier="nvme", swap_dir=swap))
+    # masters in the swap files too: the move reads them from there
+    everything.append(Auto(stage=3, budget=HUGE, tier="nvme", swap_dir=swap, master_tier="nvme"))
     results = run_grid(train, bases + everything, 2, timeout=300)
     base = {(c.stage, c.precision): r[0] for c, r in zip(bases, results)}
     probe = {}
@@ -110,6 +112,10 @@ def test_auto_placement_training_and_budgets(tmp_path):
         expect[Auto(stage=stage, precision=precision, budget=sum(model.values()))] = "warm"
         if stage == 2 and precision == "fp32":
             expect[Auto(stage=2, budget=half, tier="nvme", swap_dir=swap)] = "part"
+            nvme_masters = Auto(
+                stage=2, budget=half, tier="nvme", swap_dir=swap, master_tier="nvme"
+            )
+            expect[nvme_masters] = "part"
     grid = list(expect)
     results = run_grid(train, grid, 2, timeout=300)
     for case, per_rank in zip(grid, results):

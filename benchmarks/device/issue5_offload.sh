@@ -43,6 +43,15 @@ for section in ${SECTIONS:-gpt1p3b gpt6p7b gpt12b}; do
       --device-budget-gb "${DEVICE_GB:-60}" --host-budget-gb "${HOST_GB:-110}" \
       --swap-dir "${SWAP:-/tmp/swap}" --modes zero2-offload
     df -h "${SWAP:-/tmp/swap}" | tail -1 ;;
+  largest-nvme-masters)  # the same 18.2B with the NVMe chunks' fp32 masters in their files
+    # (offload_plan.py --master-tier nvme: 24 chunks on the GPU, 40 on the host, 23 on NVMe,
+    # 57.9 GB of files; the box's 64 GiB disk, not its host RAM, bounds the model then)
+    mkdir -p "${SWAP:-/tmp/swap}"
+    bench largest-nm_zero2-offload "${LIMIT_LARGEST:-420}" --model gpt-13b --layers "${LAYERS:-57}" \
+      --ckpt --batch 1 --steps 3 --warmup 0 --init-dtype bf16 --tier host+nvme --optim-frac 0 \
+      --device-budget-gb "${DEVICE_GB:-60}" --host-budget-gb "${HOST_GB:-110}" --master-tier nvme \
+      --swap-dir "${SWAP:-/tmp/swap}" --modes zero2-offload
+    df -h "${SWAP:-/tmp/swap}" | tail -1 ;;
   esac
 done
 log done

@@ -243,6 +243,11 @@ def main() -> None:
         help="offload modes: host chunks the GPU updates, their states streamed",
     )
     ap.add_argument(
+        "--master-tier",
+        default="host",
+        help="offload modes with NVMe: nvme puts the NVMe chunks' fp32 masters in their files",
+    )
+    ap.add_argument(
         "--init-dtype",
         default="fp32",
         help="dtype the model is built in (bf16 halves the build's peak for the largest "
@@ -264,6 +269,7 @@ def main() -> None:
         placement=a.placement,
         param_frac=a.param_frac,
         visit_frac=a.visit_frac,
+        master_tier=a.master_tier,
     )
     if a.host_budget_gb:
         OFFLOAD["host_budget_bytes"] = int(a.host_budget_gb * 1e9)

@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--optim-frac", type=float, default=0.0)
     ap.add_argument("--device-budget-gb", type=float, default=60)
     ap.add_argument("--host-budget-gb", type=float, default=110)
+    ap.add_argument("--master-tier", default="host", help="nvme: NVMe chunks' masters in files")
     a = ap.parse_args()
     extra = {"n_layers": a.layers} if a.layers else {}
     model = models.create(a.model, **extra)  # meta: nothing allocated
@@ -58,6 +59,7 @@ def main() -> None:
         optim_frac=a.optim_frac,
         device_budget_bytes=int(a.device_budget_gb * GB),
         host_budget_bytes=int(a.host_budget_gb * GB),
+        master_tier=a.master_tier,
     )
     plan = mo.plan(costs, config)
     chunk_mib = max(c.numel for c in layout.chunks) * wd / 2**20

@@ -31,6 +31,7 @@ class Auto:
     #: fp16: a loss scale that overflows the first step, then backs off to 2**10: the
     #: warm-up step is skipped and no optimizer state exists when the chunks move
     overflow_first: bool = False
+    master_tier: str = "host"  # "nvme": NVMe chunks' masters in their files until moved
 
 
 def _config(case: Auto) -> zero.ZeroConfig:
@@ -43,6 +44,7 @@ def _config(case: Auto) -> zero.ZeroConfig:
             headroom=case.headroom,
             swap_dir=case.swap_dir or None,
             run_name="auto",
+            master_tier=case.master_tier,
         )
     scale = zero.LossScaleConfig()
     if case.overflow_first:

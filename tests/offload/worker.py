@@ -37,6 +37,7 @@ class Case:
     param_tier: str = "host"  # OffloadConfig(param_tier=...): "nvme" keeps them in swap files
     prefetch: int = 1  # ZeroConfig(prefetch=...)
     visit_frac: float = 0.0  # OffloadConfig(visit_frac=...): host chunks the device updates
+    master_tier: str = "host"  # OffloadConfig(master_tier=...): "nvme" puts masters in the files
 
 
 def offload_config(case: Case) -> OffloadConfig | None:
@@ -52,6 +53,7 @@ def offload_config(case: Case) -> OffloadConfig | None:
         param_frac=case.param_frac,
         param_tier=case.param_tier,
         visit_frac=case.visit_frac,
+        master_tier=case.master_tier,
     )
 
 

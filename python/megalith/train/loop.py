@@ -35,6 +35,10 @@ def _check(args: argparse.Namespace, world_size: int) -> None:
             f"megalith train: --swap-dir {args.swap_dir} is for --offload nvme "
             f"(got --offload {args.offload})"
         )
+    if args.nvme_masters and args.offload != "nvme":
+        raise SystemExit(
+            f"megalith train: --nvme-masters is for --offload nvme (got --offload {args.offload})"
+        )
     for name in ("steps", "batch_size", "seq_len", "eval_batches", "save_every", "eval_every"):
         if getattr(args, name) < 1:
             raise SystemExit(
@@ -152,6 +156,7 @@ def _plugin(args: argparse.Namespace, precision: str, run_dir: Path, name: str) 
             step_in_backward=early,
             swap_dir=str(args.swap_dir or run_dir / "swap"),
             run_name="".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name),
+            master_tier="nvme" if args.nvme_masters else "host",
         )
     return plugin
 
@@ -187,6 +192,7 @@ def _loop(
             f"megalith train: {args.model} ({n_params / 1e6:.2f} M params) on {size} {device.type} rank(s), "
             f"plugin {args.plugin}"
             + (f" (offload {args.offload})" if args.offload != "none" else "")
+            + (" (masters on nvme)" if args.nvme_masters else "")
             + f", {precision}; {data.name}: {len(data.train) / 1e6:.2f} MB train, "
             f"unigram baseline {data.unigram_nats:.3f} nats"
             + (f"; resumed at step {start}" if start else ""),

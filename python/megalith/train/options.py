@@ -22,6 +22,13 @@ def add_options(p: argparse.ArgumentParser) -> None:
         help="with --offload nvme: where the per-run swap directory goes (default: <run dir>/swap)",
     )
     p.add_argument(
+        "--nvme-masters",
+        action="store_true",
+        help="with --offload nvme: the fp32 masters go to the swap files too, beside the "
+        "optimizer states (host RAM then holds only staging; each step moves 4 more bytes "
+        "per parameter each way)",
+    )
+    p.add_argument(
         "--precision",
         default=None,
         choices=("fp32", "bf16", "fp16"),

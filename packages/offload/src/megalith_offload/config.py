@@ -8,6 +8,7 @@ from dataclasses import dataclass
 TIERS = ("host", "nvme", "host+nvme")
 PLACEMENTS = ("static", "auto")
 PARAM_TIERS = ("host", "nvme")
+MASTER_TIERS = ("host", "nvme")
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,8 @@ class OffloadConfig:
         memory when CUDA is there, pageable host memory otherwise) or "nvme" (files
         in a per-run swap directory, read back before a chunk's step and written
         after it; the next chunk's read overlaps the current chunk's step). The
-        fp32 masters of offloaded chunks live in host memory on either tier.
+        fp32 masters of offloaded chunks live in host memory on either tier, unless
+        master_tier says "nvme".
         "host+nvme": each offloaded chunk's states in host memory while
         host_budget_bytes has room for them, on NVMe past it (the device, the host
         and the disk together hold the model).
@@ -63,6 +65,13 @@ class OffloadConfig:
         cores ([Note: visiting chunks] in megalith_zero/visit.py): every k-th such chunk,
         spread over the model. The slots, two of the largest chunk's master and states,
         come on top of device_budget_bytes. 0: the host updates every offloaded chunk.
+    master_tier: where the fp32 masters of chunks whose states are on NVMe live: "host"
+        (the default: host memory, 4 bytes per parameter there) or "nvme": in the
+        chunk's states' file, ahead of the states, read and written with them around
+        the chunk's step (DeepSpeed's ZeRO-Infinity keeps them there too). The host
+        then holds only staging for those chunks, so the disk, not the host's RAM, bounds
+        the model; each step moves 4 more bytes per parameter each way. Needs tier
+        "nvme" or "host+nvme" (whose host chunks keep their masters in host memory).
     cpu_threads: host threads of the engine's CPU kernels for the offloaded update;
         None: MEGALITH_NUM_THREADS when set, else the CPUs this process may run on
         shared by the ranks of this host (LOCAL_WORLD_SIZE), one left for the thread
@@ -84,6 +93,7 @@ class OffloadConfig:
     cpu_threads: int | None = None
     param_tier: str = "host"
     visit_frac: float = 0.0
+    master_tier: str = "host"
 
     def __post_init__(self) -> None:
         if self.tier not in TIERS:
@@ -109,6 +119,16 @@ class OffloadConfig:
                 "moves optimizer states only: use placement='static' to offload parameters"
             )
         self._check_param_tier()
+        if self.master_tier not in MASTER_TIERS:
+            raise ValueError(
+                f"OffloadConfig: master_tier={self.master_tier!r}; expected 'host' or 'nvme'"
+            )
+        if self.master_tier == "nvme" and self.tier == "host":
+            raise ValueError(
+                "OffloadConfig: master_tier='nvme' with tier='host'; masters go to NVMe only "
+                "beside their chunk's optimizer states: use tier='nvme' (or 'host+nvme'), or "
+                "master_tier='host'"
+            )
         vf = self.visit_frac
         if isinstance(vf, bool) or not isinstance(vf, (int, float)) or not 0 <= vf <= 1:
             raise ValueError(f"OffloadConfig: visit_frac={vf!r}; expected 0 <= visit_frac <= 1")

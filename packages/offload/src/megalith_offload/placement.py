@@ -12,6 +12,9 @@ before anything is allocated, so a budget that cannot work fails with the number
 With placement="auto" every chunk starts offloaded (the warm-up step); what comes
 back to the device afterwards is megalith_offload.auto's choice.
 
+master_tier="nvme" puts the fp32 masters of NVMe chunks into their swap files (ahead of
+the states): they leave the host's side of the plan and join the files and staging.
+
 param_frac names the chunks whose working-parameter shards leave the device too: into
 host memory (param_tier="host", counted with the masters) or into a swap file of their
 own (param_tier="nvme": the file's bytes join nvme_bytes, and PARAM_SWAP_SLOTS staging
@@ -96,23 +99,29 @@ def plan(costs: Sequence[ChunkCost], config: OffloadConfig) -> Plan:
     params_on_host = tuple(p and not on_nvme for p in offloaded_params)
     params_on_nvme = tuple(p and on_nvme for p in offloaded_params)
     off = [c for c, t in zip(costs, tiers) if t != "device"]
-    masters = sum(c.master for c in off)
-    # offloaded parameters are counted with the masters: neither moves between tiers
-    masters += sum(c.params for c, h in zip(costs, params_on_host) if h)
-    # the host update's staging is counted with the masters: every offloaded chunk needs it
-    masters += HOST_STEP_SLOTS * max((c.step_staging for c in off), default=0)
+    nvme_masters = config.master_tier == "nvme"
+    # what the host holds whichever chunks end up on NVMe: offloaded parameters (neither
+    # they nor the masters move between tiers), the host update's staging (every
+    # offloaded chunk needs it), the parameter files' ring, and the masters unless
+    # they go to NVMe with their chunk's states
+    fixed = sum(c.params for c, h in zip(costs, params_on_host) if h)
+    fixed += HOST_STEP_SLOTS * max((c.step_staging for c in off), default=0)
     param_files = [padded(c.params) for c, p in zip(costs, params_on_nvme) if p]
     param_slot_bytes = max(param_files, default=0)
     param_slots = PARAM_SWAP_SLOTS if param_files else 0
-    masters += param_slots * param_slot_bytes  # as fixed as the masters: counted with them
+    fixed += param_slots * param_slot_bytes
+    if not nvme_masters:
+        fixed += sum(c.master for c in off)
     if config.tier == "host+nvme":
         pinned = [i for i, p in enumerate(params_on_nvme) if p]
-        _spill_to_host(costs, tiers, config.host_budget_bytes - masters, pinned)
-    swapped = [c for c, t in zip(costs, tiers) if t == "nvme"]
-    slot_bytes = max((c.swap for c in swapped), default=0)
-    nvme = sum(c.swap for c in swapped) + sum(param_files)
+        _spill_to_host(costs, tiers, config.host_budget_bytes - fixed, pinned, nvme_masters)
+    on_host = [c for c, t in zip(costs, tiers) if t == "host"]
+    masters = fixed + (sum(c.master for c in on_host) if nvme_masters else 0)
+    swapped = [swap_bytes(c, nvme_masters) for c, t in zip(costs, tiers) if t == "nvme"]
+    slot_bytes = max(swapped, default=0)
+    nvme = sum(swapped) + sum(param_files)
     slots = 2 if swapped else 0
-    host = masters + sum(c.states for c, t in zip(costs, tiers) if t == "host")
+    host = masters + sum(c.states for c in on_host)
     host += slots * slot_bytes
     _check_host(config, off, masters, slot_bytes, host)
     if swapped and config.host_budget_bytes is not None and host > config.host_budget_bytes:
@@ -131,6 +140,12 @@ def plan(costs: Sequence[ChunkCost], config: OffloadConfig) -> Plan:
     )
 
 
+def swap_bytes(cost: ChunkCost, with_master: bool) -> int:
+    """The chunk's swap file: its states, and with master_tier="nvme" its master ahead
+    of them (one more padded fp32 vector)."""
+    return cost.swap + (padded(cost.master) if with_master else 0)
+
+
 def _offloaded_params(
     costs: Sequence[ChunkCost], tiers: list[str], frac: float
 ) -> tuple[bool, ...]:
@@ -147,23 +162,32 @@ def _offloaded_params(
 
 
 def _spill_to_host(
-    costs: Sequence[ChunkCost], tiers: list[str], room: int, pinned: Sequence[int] = ()
+    costs: Sequence[ChunkCost],
+    tiers: list[str],
+    room: int,
+    pinned: Sequence[int] = (),
+    nvme_masters: bool = False,
 ) -> None:
     """tier="host+nvme": offloaded chunks (all planned on NVMe) move to the host, in
-    order, while `room` holds their states and the NVMe staging the rest still needs.
-    `pinned` chunks stay on NVMe (their parameter shards live in swap files)."""
+    order, while `room` holds their states (and, with nvme_masters, their masters) and
+    the NVMe staging the rest still needs. `pinned` chunks stay on NVMe (their
+    parameter shards live in swap files)."""
     nvme = [i for i, t in enumerate(tiers) if t == "nvme" and i not in pinned]
-    if not pinned and sum(costs[i].states for i in nvme) <= room:  # no staging needed
+
+    def on_host(i: int) -> int:
+        return costs[i].states + (costs[i].master if nvme_masters else 0)
+
+    if not pinned and sum(on_host(i) for i in nvme) <= room:  # no staging needed
         for i in nvme:
             tiers[i] = "host"
         return
     for k, i in enumerate(nvme):
         rest = [*nvme[k + 1 :], *pinned]
-        staging = 2 * max((costs[j].swap for j in rest), default=0)
-        if costs[i].states + staging > room:
+        staging = 2 * max((swap_bytes(costs[j], nvme_masters) for j in rest), default=0)
+        if on_host(i) + staging > room:
             break
         tiers[i] = "host"
-        room -= costs[i].states
+        room -= on_host(i)
 
 
 def _check_host(

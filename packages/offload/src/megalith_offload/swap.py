@@ -33,6 +33,9 @@ from .host import ALIGNMENT, HostTier
 from .placement import padded
 
 FLOAT = 4  # states are fp32
+#: the name of a chunk's fp32 master in its file (OffloadConfig.master_tier="nvme"),
+#: ahead of the optimizer states
+MASTER = "master"
 
 
 def _padded(numel: int) -> int:
@@ -83,8 +86,11 @@ class _Slot:
 
 
 class SwapStore:
-    """Named fp32 state vectors per key (a chunk), kept in files on NVMe; with
-    param_slots, also parameter shards in files of their own (`params`)."""
+    """Named fp32 state vectors per key (a chunk), kept in files on NVMe (with
+    master_tier="nvme" the chunk's master first, named MASTER); with param_slots, also
+    parameter shards in files of their own (`params`)."""
+
+    MASTER = MASTER
 
     def __init__(
         self,
@@ -103,7 +109,7 @@ class SwapStore:
         self.path: str = self.dir.path
         self._entries: dict[Hashable, _Entry] = {}
         self._slots = [_Slot(host.empty("swap_staging", slot_bytes // FLOAT)) for _ in range(slots)]
-        self._peak = 0
+        self._peak = self._master_peak = 0  # file bytes, and the masters' part of them
         #: reads started while the caller still held the previous chunk (the overlap)
         self.prefetched = 0
         #: parameter shards on NVMe (param_tier="nvme"), or None
@@ -129,7 +135,11 @@ class SwapStore:
         staging = self._slots[0].buf.numel() * FLOAT
         file = _reserve(self.dir, f"chunk{key}", nbytes, staging, f"chunk {key}'s optimizer states")
         self._entries[key] = _Entry(file, names, numel)
-        self._peak = max(self._peak, self.nbytes)
+        self._note_peak()
+
+    def _note_peak(self) -> None:
+        if self.nbytes >= self._peak:
+            self._peak, self._master_peak = self.nbytes, self.master_bytes
 
     def _views(self, entry: _Entry, slot: _Slot) -> dict[str, torch.Tensor]:
         stride = _padded(entry.numel) // FLOAT
@@ -149,10 +159,11 @@ class SwapStore:
         return entry.file.read(self._whole(entry, slot))
 
     def stream(
-        self, keys: Iterable[Hashable]
+        self, keys: Iterable[Hashable], write: bool = True
     ) -> Iterator[tuple[Hashable, dict[str, torch.Tensor]]]:
         """Yields (key, states) with the states in host memory; what the caller changes
-        is written back. The next key's read overlaps the caller's work on this one."""
+        is written back (write=False: not, for a caller that only reads). The next
+        key's read overlaps the caller's work on this one."""
         keys = list(keys)
         if not keys:
             return
@@ -169,8 +180,9 @@ class SwapStore:
                     self.prefetched += reads[i + 1] is not None
                 entry = self._entries[key]
                 yield key, self._views(entry, slot)
-                slot.pending.append(entry.file.write(self._whole(entry, slot)))
-                entry.fresh = False
+                if write:
+                    slot.pending.append(entry.file.write(self._whole(entry, slot)))
+                    entry.fresh = False
                 if n == 1 and i + 1 < len(keys):
                     reads[i + 1] = self._start_read(keys[i + 1], slot)
         finally:
@@ -181,16 +193,17 @@ class SwapStore:
                 s.settle()
 
     def load(self, key: Hashable, out: dict[str, torch.Tensor]) -> None:
-        """Copies `key`'s states into `out` (tensors by name), synchronously."""
-        for _, states in self.stream([key]):
-            for name, t in states.items():
-                out[name].copy_(t)
+        """Copies `key`'s vectors named in `out` (all or some) into it, synchronously."""
+        for _, states in self.stream([key], write=False):
+            for name, t in out.items():
+                t.copy_(states[name])
 
     def store(self, key: Hashable, src: dict[str, torch.Tensor]) -> None:
-        """Replaces `key`'s states with `src`, synchronously."""
+        """Replaces `key`'s vectors named in `src` (all or some), synchronously; the
+        others keep their values (zeros in a file never written)."""
         for _, states in self.stream([key]):
-            for name, t in states.items():
-                t.copy_(src[name])
+            for name, t in src.items():
+                states[name].copy_(t)
 
     def has(self, key: Hashable) -> bool:
         return key in self._entries
@@ -209,14 +222,22 @@ class SwapStore:
     def nbytes(self) -> int:
         return sum(e.file.nbytes for e in self._entries.values())
 
+    @property
+    def master_bytes(self) -> int:
+        """Bytes of the files' master sections (OffloadConfig.master_tier="nvme")."""
+        return sum(_padded(e.numel) for e in self._entries.values() if MASTER in e.names)
+
     def report(self) -> dict[str, tuple[int, int]]:
-        out = {"optim_states@nvme": (self.nbytes, self._peak)}
+        masters = self.master_bytes
+        out = {"optim_states@nvme": (self.nbytes - masters, self._peak - self._master_peak)}
+        if masters or self._master_peak:
+            out["master@nvme"] = (masters, self._master_peak)
         if self.params is not None:
             out["params@nvme"] = (self.params.nbytes, self.params.nbytes)
         return out
 
     def reset_peak(self) -> None:
-        self._peak = self.nbytes
+        self._peak, self._master_peak = self.nbytes, self.master_bytes
 
     def close(self) -> None:
         """Waits for every transfer and deletes the swap directory and its files."""

@@ -225,6 +225,7 @@ def shard(
             offloader.tier(plan_index[spec.index]) if spec.index in plan_index else "device",
             offloader,
             spec.index in plan_index and offloader.params_on_host(plan_index[spec.index]),
+            rule.state_names(optimizer.param_groups[spec.group]) if spec.group >= 0 else (),
         )
         for spec in layout.chunks
     ]

@@ -58,6 +58,7 @@ class FlatChunk:
         tier: str = "device",
         offloader: Any = None,
         params_on_host: bool = False,
+        state_names: tuple[str, ...] = (),
     ):
         self.spec = spec
         self.params = params
@@ -68,6 +69,9 @@ class FlatChunk:
         self.tier = tier if trainable else "device"
         self.host = offloader.host if self.tier != "device" else None
         self.swap = offloader.swap if self.tier == "nvme" else None
+        #: the fp32 master lives in the states' swap file (master_tier="nvme"): `master`
+        #: is a meta tensor except around the chunk's step and in the checkpoints
+        self.masters_on_nvme = self.swap is not None and offloader.config.master_tier == "nvme"
         self.lo = rank * spec.shard_numel
         wd, rd = config.param_dtype, config.grad_reduce_dtype
         self.param_dtype, self.reduce_dtype = wd, rd
@@ -99,13 +103,19 @@ class FlatChunk:
         # Master values come from the parameters as the user built them (fp32),
         # before they are rounded to the working dtype.
         if self.host is not None or (trainable and wd != torch.float32):
-            alloc = self.host or memory
-            self.master = alloc.zeros("master", s, torch.float32)
+            if self.masters_on_nvme:  # written to the file below, then dropped
+                self.master = torch.zeros(s, dtype=torch.float32)
+            else:
+                self.master = (self.host or memory).zeros("master", s, torch.float32)
             for seg in spec.segments(rank):
                 src = params[spec.slots.index(seg.slot)].detach().reshape(-1)
                 self.master[seg.shard_start : seg.shard_start + seg.length].copy_(
                     src[seg.param_start : seg.param_start + seg.length]
                 )
+        if self.masters_on_nvme:
+            self.swap.ensure(spec.index, self.swap_names(state_names), s)
+            self.swap.store(spec.index, {self.swap.MASTER: self.master})
+            self.master = self._master_placeholder()
         with torch.no_grad():
             for slot, p in zip(spec.slots, params):
                 self.full[slot.offset : slot.offset + slot.numel].copy_(p.detach().reshape(-1))
@@ -261,10 +271,25 @@ class FlatChunk:
             self.full_grad = None
 
     # -- optimizer --------------------------------------------------------------
+    def swap_names(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """The vectors of this chunk's swap file, for optimizer states `names`."""
+        return (self.swap.MASTER, *names) if self.masters_on_nvme else names
+
+    def _master_placeholder(self) -> torch.Tensor:
+        return torch.empty(self.spec.shard_numel, dtype=torch.float32, device="meta")
+
+    def master_values(self) -> torch.Tensor:
+        """The fp32 master; read from the swap file (a new host tensor) when it is there."""
+        if self.master.device.type != "meta":
+            return self.master
+        out = torch.empty(self.spec.shard_numel, dtype=torch.float32)
+        self.swap.load(self.spec.index, {self.swap.MASTER: out})
+        return out
+
     def ensure_states(self, names: tuple[str, ...]) -> None:
         if self.swap is not None:  # on NVMe: `states` holds them only around a step
-            if names:
-                self.swap.ensure(self.spec.index, names, self.spec.shard_numel)
+            if self.swap_names(names):
+                self.swap.ensure(self.spec.index, self.swap_names(names), self.spec.shard_numel)
             return
         for name in names:
             if name not in self.states:
@@ -283,19 +308,21 @@ class FlatChunk:
         s = self.spec.shard_numel
         if self.shard.dtype == torch.float32:
             master = self.shard  # fp32 on the device tier: the shard is the master
-            master.copy_(self.master)  # equal already (each step writes it); made sure
         else:
             master = self.memory.empty("master", s, torch.float32)
-            master.copy_(self.master)
+        if not self.masters_on_nvme:
+            master.copy_(self.master)  # (equal already when the shard is the master)
         states = {n: self.memory.empty("optim_states", s, torch.float32) for n in names}
         if self.swap is not None:
             key = self.spec.index
-            if names and self.swap.has(key):
-                self.swap.load(key, states)
+            loaded = {self.swap.MASTER: master, **states} if self.masters_on_nvme else states
+            if loaded and self.swap.has(key):
+                self.swap.load(key, loaded)
             else:  # never stepped: the states start at zeros
                 for t in states.values():
                     t.zero_()
             self.swap.drop(key)
+            self.masters_on_nvme = False
         else:
             for n, t in states.items():
                 if n in self.states:

@@ -18,7 +18,7 @@ from .chunk import FlatChunk
 
 def gathered_chunk(chunk: FlatChunk, group: comm.ProcessGroup) -> torch.Tensor:
     """The chunk's full fp32 values (trainable: the master; frozen: the working params)."""
-    src = chunk.master if chunk.trainable else chunk.shard
+    src = chunk.master_values() if chunk.trainable else chunk.shard
     src = src.to(
         chunk.full.device
     )  # offloaded masters (and params) are on the host: gather where comm is

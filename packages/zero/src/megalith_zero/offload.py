@@ -83,23 +83,27 @@ def swapped_states(
     offloader: Any, chunks: list[tuple[FlatChunk, tuple[str, ...]]]
 ) -> Iterator[FlatChunk]:
     """Yields each NVMe chunk with its states (names given per chunk) read into host
-    memory (`chunk.states`); written back when the caller moves on. The next chunk's
-    read overlaps the caller's work on this one."""
+    memory (`chunk.states`), and its master (`chunk.master`) when that lives in the
+    file too; written back when the caller moves on. The next chunk's read overlaps
+    the caller's work on this one."""
     if not chunks:
         return
-    stateless = [c for c, names in chunks if not names]
+    stateless = [c for c, names in chunks if not c.swap_names(names)]
     yield from stateless
-    by_key = {c.spec.index: c for c, names in chunks if names}
+    by_key = {c.spec.index: c for c, names in chunks if c.swap_names(names)}
     for c, names in chunks:
-        if names:
-            c.ensure_states(names)
+        c.ensure_states(names)
     for key, states in offloader.swap.stream(list(by_key)):
         c = by_key[key]
+        placeholder = c.master
+        if c.masters_on_nvme:
+            c.master = states.pop(offloader.swap.MASTER)
         c.states = states
         try:
             yield c
         finally:
             c.states = {}
+            c.master = placeholder
 
 
 @contextlib.contextmanager
@@ -110,25 +114,34 @@ def resident_states(zopt: Any) -> Iterator[None]:
     groups = zopt.optimizer.param_groups
     swapped = [c for c in zopt.chunks if c.tier == "nvme"]
     with_params = [c for c in swapped if c.params_on_nvme]
-    swapped = [c for c in swapped if zopt.rule.state_names(groups[c.spec.group])]
+    names = {id(c): zopt.rule.state_names(groups[c.spec.group]) for c in swapped}
+    swapped = [c for c in swapped if c.swap_names(names[id(c)])]
+    files: dict[int, dict[str, torch.Tensor]] = {}  # what each chunk's file holds
     for c in swapped:
-        names = zopt.rule.state_names(groups[c.spec.group])
-        c.ensure_states(names)
-        c.states = {n: torch.empty(c.spec.shard_numel, dtype=torch.float32) for n in names}
-        c.swap.load(c.spec.index, c.states)
+        c.ensure_states(names[id(c)])
+        files[id(c)] = {
+            n: torch.empty(c.spec.shard_numel, dtype=torch.float32)
+            for n in c.swap_names(names[id(c)])
+        }
+        c.swap.load(c.spec.index, files[id(c)])
+        c.states = dict(files[id(c)])
+        if c.masters_on_nvme:
+            c.master = c.states.pop(c.swap.MASTER)
     clean = False
     try:
         for c in with_params:
             c.resident_params()
         yield
         for c in swapped:
-            c.swap.store(c.spec.index, c.states)
+            c.swap.store(c.spec.index, files[id(c)])
         clean = True
     finally:
         for c in with_params:
             c.store_params(write=clean)
         for c in swapped:
             c.states = {}
+            if c.masters_on_nvme:
+                c.master = c._master_placeholder()
 
 
 def auto_budget(config: ZeroConfig, layout: Layout, device: torch.device) -> int | None:
