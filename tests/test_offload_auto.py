@@ -1,6 +1,7 @@
 """Automatic placement (OffloadConfig(placement="auto")) on CPU ranks with a simulated
-device budget: the warm-up step runs fully offloaded and measures the step; afterwards
-the chunks that fit the budget move back to the device tier.
+device budget: the warm-up step runs fully offloaded (at stage 3 with the parameter
+shards on the host too) and measures the step; afterwards the shards, then the masters
+and states that fit the budget move back to the device tier.
 
 - training is bit-equal to training without offload (same kernel, same fp32 numbers)
   over 12 steps at stages 1, 2, 3 (host and NVMe, fp32 and bf16), world 2, for budgets
@@ -93,22 +94,33 @@ def test_auto_placement_training_and_budgets(tmp_path):
             rep = r["report"]
             assert rep.get("optim_states@host", (0, 0))[0] == 0 and rep["master@host"][0] == 0
             assert r["swap_files"] == 0
+            # stage 3: the warm-up had every parameter shard on the host; all came back
+            assert bool(r["params_moved"]) == (case.stage == 3), (case, r["params_moved"])
+            assert not any(r["params_on_host"]) and rep.get("params@host", (0, 0))[0] == 0
+            assert rep.get("grad_staging@host", (0, 0))[0] == 0  # the host update's staging
             # stage 3: the room the moves left keeps gathered chunks until backward
             assert (r["kept_bytes"] > 0) == (case.stage == 3), (case, r["kept_bytes"])
             _check_budget(case, r)
         probe[(case.stage, case.precision)] = per_rank[0]
 
     # Budgets cut from the first run's numbers: room for none, for half, and a budget
-    # the warm-up itself (every chunk offloaded) does not fit.
+    # the warm-up itself (every chunk offloaded) does not fit. At stage 3 the warm-up had
+    # the parameter shards on the host too: "none" and "part" have room for all of them
+    # (they come back first), "shards" for half of them and no states.
     expect = {}
     for (stage, precision), r in probe.items():
         non_model, model = r["footprint"]
         warm = non_model + sum(model.values())
+        shards = sum(r["shard_bytes"]) if stage == 3 else 0
         states = sum(r["chunk_device"])  # every chunk's masters and states on the device
         one = min(r["chunk_device"]) - 1  # short of the smallest chunk
-        expect[Auto(stage=stage, precision=precision, budget=int((warm + one) / 0.9))] = "none"
-        half = int((warm + states // 2) / 0.9)
+        none = int((warm + shards + one) / 0.9)
+        expect[Auto(stage=stage, precision=precision, budget=none)] = "none"
+        half = int((warm + shards + states // 2) / 0.9)
         expect[Auto(stage=stage, precision=precision, budget=half)] = "part"
+        if stage == 3:
+            budget = int((warm + shards // 2) / 0.9)
+            expect[Auto(stage=stage, precision=precision, budget=budget)] = "shards"
         expect[Auto(stage=stage, precision=precision, budget=sum(model.values()))] = "warm"
         if stage == 2 and precision == "fp32":
             expect[Auto(stage=2, budget=half, tier="nvme", swap_dir=swap)] = "part"
@@ -128,6 +140,15 @@ def test_auto_placement_training_and_budgets(tmp_path):
         _check_equal(case, per_rank[0], base[(case.stage, case.precision)])
         for r in per_rank:
             _check_budget(case, r)
+            # stage 3: the shards that fit came back first, in layout order
+            n_back = len(r["params_moved"])
+            if case.stage == 3:
+                assert r["params_moved"] == r["shards_on_device"], (case, r["params_moved"])
+            if expect[case] == "shards":  # half of the shards: no states follow
+                assert 0 < n_back < len(r["params_on_host"]), (case, r["params_moved"])
+                assert r["moved"] == [] and set(r["tiers"]) == {case.tier}, (case, r["tiers"])
+                continue
+            assert n_back == (len(r["params_on_host"]) if case.stage == 3 else 0), case
             if expect[case] == "none":  # nothing fits: everything stays offloaded
                 assert r["moved"] == [] and set(r["tiers"]) == {case.tier}, (case, r["tiers"])
                 assert r["report"]["optim_states"] == (0, 0), case
@@ -179,11 +200,13 @@ def test_budget_too_small_fails_before_the_first_collective():
         assert "working params 24320, gradients 12160" in message  # the toy model, stage 2
 
 
-def auto_on_gpu(rank: int, budget):
-    """The toy model at stage 2 on one GPU: ("none": no offload) or auto placement under
-    `budget` (None: the GPU's memory). Returns params, tiers and the placement's numbers."""
+def auto_on_gpu(rank: int, setting):
+    """The toy model at stage 2 (or (stage, budget)) on one GPU: ("none": no offload) or
+    auto placement under `budget` (None: the GPU's memory). Returns params, tiers and the
+    placement's numbers."""
     import megalith_zero as zero
 
+    stage, budget = setting if isinstance(setting, tuple) else (2, setting)
     dev = torch.device("cuda")
     model = toy.make_model(0).to(dev)
     opt = torch.optim.AdamW(toy.param_groups(model, 0.1), lr=1e-2)
@@ -191,7 +214,7 @@ def auto_on_gpu(rank: int, budget):
     if budget != "none":
         offload = OffloadConfig(placement="auto", device_budget_bytes=budget)
     zmodel, zopt = zero.shard(
-        model, opt, zero.ZeroConfig(stage=2, chunk_bytes=2048, offload=offload)
+        model, opt, zero.ZeroConfig(stage=stage, chunk_bytes=2048, offload=offload)
     )
     out = {}
     for step, micro in enumerate(toy.batches(0, 10, 1), start=1):
@@ -213,6 +236,7 @@ def auto_on_gpu(rank: int, budget):
         # torch's peak (non-model) plus the engine's model-state peaks, steps 2 to 10
         peak=int(torch.cuda.max_memory_allocated(dev)) + engine + rep["optim_states"].peak_bytes,
         states=[4 * c.spec.shard_numel * 2 for c in zmodel.chunks if c.trainable],
+        shards_on_host=sum(c.params_on_host for c in zmodel.chunks if c.trainable),
     )
     zopt.close()
     return out
@@ -231,8 +255,14 @@ def test_auto_placement_on_gpu():
     (part,) = (r[0] for r in run_grid(auto_on_gpu, [half], 1, backend="nccl", timeout=240))
     assert "device" in part["tiers"] and "host" in part["tiers"], part["tiers"]
     assert part["peak"] <= half, (part["peak"], half)
-    for r in (everything, part):
-        for name, ref in base["params"].items():
+    # stage 3: the warm-up's pinned parameter shards come back to the GPU with the states
+    base3, everything3 = (
+        r[0]
+        for r in run_grid(auto_on_gpu, [(3, "none"), (3, None)], 1, backend="nccl", timeout=240)
+    )
+    assert set(everything3["tiers"]) == {"device"} and everything3["shards_on_host"] == 0
+    for r, ref_run in ((everything, base), (part, base), (everything3, base3)):
+        for name, ref in ref_run["params"].items():
             err = float((r["params"][name] - ref).norm() / ref.norm().clamp_min(1e-30))
             assert err < 1e-5, f"{name} differs by {err:.3g}"
 

@@ -3,7 +3,8 @@ and copy streams, during backward (step_in_backward) and after it, against ZeRO 
 every state on the device; and device chunks updated during backward on the step
 stream. The host and device kernels round alike but not bit-equally
 (FMA contraction differs), so fp32 runs agree to 1e-5 relative after 10 steps. Stage 3
-also with every parameter shard in host memory (param_frac=1)."""
+also with every parameter shard in host memory (param_frac=1), and the masters on NVMe
+(master_tier="nvme") at both stages."""
 
 from __future__ import annotations
 
@@ -44,6 +45,11 @@ def test_host_offload_on_cuda_matches_device(stage, tmp_path):
                 device="cuda",
             )
         )
+    # fp32 masters in the swap files beside the states (master_tier="nvme")
+    swap = str(tmp_path / "swap")
+    cases.append(
+        Case(stage=stage, tier="nvme", master_tier="nvme", swap_dir=swap, steps=10, device="cuda")
+    )
     results = [r[0] for r in run_grid(train, cases, 1, backend="nccl", timeout=240)]
     base = results[0]
     for case, r in zip(cases[1:], results[1:]):
@@ -58,6 +64,8 @@ def test_host_offload_on_cuda_matches_device(stage, tmp_path):
             assert err < 1e-5, f"{case}: {name} differs by {err:.3g}"
         if case.tier == "host":  # pinned staging used
             assert r["report"]["grad_staging@host"][0] > 0, r["report"]
+        if case.master_tier == "nvme":
+            assert r["report"]["master@nvme"][0] > 0 and r["report"]["master@host"][0] == 0
         if case.param_frac:
             kind = "params@nvme" if case.param_tier == "nvme" else "params@host"
             assert r["report"][kind][0] > 0, r["report"]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from megalith import _engine
 from megalith_offload import ChunkCost, HostTier, OffloadConfig, SwapStore, file_bytes, plan
 
 
@@ -18,8 +19,12 @@ from megalith_offload import ChunkCost, HostTier, OffloadConfig, SwapStore, file
         ({"tier": "gpu"}, "tier='gpu'; expected 'host', 'nvme' or 'host\\+nvme'"),
         ({"tier": "host+nvme"}, "tier='host\\+nvme' needs host_budget_bytes"),
         ({"cpu_threads": 0}, "cpu_threads=0; expected None or an int >= 1"),
+        ({"io_backend": "aio"}, "io_backend='aio'; expected 'auto', 'uring' or 'threads'"),
         ({"param_frac": 1.5}, "param_frac=1.5; expected 0 <= param_frac <= 1"),
-        ({"param_frac": 0.5, "placement": "auto"}, "use placement='static' to offload parameters"),
+        (
+            {"param_frac": 0.5, "placement": "auto"},
+            "decides which parameter shards leave the device itself.*placement='static'",
+        ),
         ({"optim_frac": 1.5}, "optim_frac=1.5; expected 0 <= optim_frac <= 1"),
         ({"optim_frac": -0.1}, "optim_frac=-0.1"),
         ({"device_budget_bytes": -1}, "device_budget_bytes=-1; expected None or an int >= 0"),
@@ -111,12 +116,16 @@ def test_host_tier_accounting_and_limit():
         host.empty("optim_states", 20000)
 
 
-def test_swap_store_round_trip_overlapped(tmp_path, gen):
+@pytest.mark.parametrize("backend", ["threads", "uring"])
+def test_swap_store_round_trip_overlapped(tmp_path, gen, backend):
+    if backend == "uring" and _engine.io.uring_unavailable_reason():
+        pytest.skip(_engine.io.uring_unavailable_reason())
     host = HostTier(pinned=False)
-    cfg = OffloadConfig(tier="nvme", swap_dir=str(tmp_path), run_name="unit")
+    cfg = OffloadConfig(tier="nvme", swap_dir=str(tmp_path), run_name="unit", io_backend=backend)
     sizes = {0: 1000, 1: 1, 2: 4097, 3: 777}
     slot = max(file_bytes(n, 2) for n in sizes.values())
     store = SwapStore(cfg, rank=3, host=host, slots=2, slot_bytes=slot)
+    assert store.io.backend == backend
     assert Path(store.path).parent == tmp_path and "unit-rank3" in Path(store.path).name
     for k, n in sizes.items():
         store.ensure(k, ("exp_avg", "exp_avg_sq"), n)

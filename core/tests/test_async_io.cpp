@@ -2,6 +2,9 @@
 // at odd sizes, offsets and memory alignments in direct and buffered mode,
 // many requests in flight, errors (missing file, end of file, a full disk
 // through RLIMIT_FSIZE), and the swap directory's lifecycle and stale dirs.
+// The engine's cases run on every backend (threads, and io_uring where the
+// kernel allows it); test_async_io_uring.cpp has what only concerns the choice
+// of backend and the ring.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -32,6 +35,17 @@ using megalith_memory_test::test_seed;
 
 namespace {
 constexpr std::size_t MiB = std::size_t{1} << 20;
+
+/// The backends to run an engine test on: threads, and uring where this
+/// process can set up a ring (said once when it cannot).
+std::vector<io::Backend> backends() {
+  static const std::string why = io::uring_unavailable_reason();
+  static bool said = false;
+  if (!why.empty() && !said) std::printf("  (uring backend not tested: %s)\n", why.c_str());
+  said = true;
+  if (why.empty()) return {io::Backend::threads, io::Backend::uring};
+  return {io::Backend::threads};
+}
 
 /// A fresh directory under $TMPDIR (or /tmp), removed at the end of the test.
 struct TempDir {
@@ -65,13 +79,15 @@ std::vector<std::uint8_t> read_plain(const std::string& path, std::uint64_t off,
   return out;
 }
 
-void round_trips(bool direct, const std::string& dir) {
+void round_trips(bool direct, const std::string& dir, io::Backend backend) {
   std::mt19937 rng(test_seed());
-  io::AsyncIO engine({3, MiB, direct});
+  io::AsyncIO engine({3, MiB, direct, backend});
+  CHECK(engine.backend() == backend);
   CHECK(engine.direct_io_active(dir) == (direct && io::direct_io_supported(dir)));
   const std::string path = dir + (direct ? "/direct.bin" : "/buffered.bin");
   int n = 0;
-  for (std::size_t bytes : {std::size_t{1}, std::size_t{511}, std::size_t{4097}, 8 * MiB + 13}) {
+  for (std::size_t bytes : {std::size_t{1}, std::size_t{511}, std::size_t{4095}, std::size_t{4097},
+                            3 * MiB + 5, 8 * MiB + 13}) {
     for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{13}, std::uint64_t{4096},
                                  std::uint64_t{3 * 4096 + 1}, std::uint64_t{5 * MiB - 7}}) {
       for (std::size_t skew : {0, 1, 64}) {
@@ -90,7 +106,7 @@ void round_trips(bool direct, const std::string& dir) {
       }
     }
   }
-  CHECK(n == 55);
+  CHECK(n == 80);
 }
 
 }  // namespace
@@ -98,12 +114,12 @@ void round_trips(bool direct, const std::string& dir) {
 TEST(round_trips_direct) {
   TempDir d;
   if (!io::direct_io_supported(d.path)) SKIP("no O_DIRECT on " + d.path);
-  round_trips(true, d.path);
+  for (io::Backend b : backends()) round_trips(true, d.path, b);
 }
 
 TEST(round_trips_buffered) {
   TempDir d;
-  round_trips(false, d.path);
+  for (io::Backend b : backends()) round_trips(false, d.path, b);
 }
 
 TEST(tmpfs_falls_back_to_buffered) {
@@ -113,13 +129,14 @@ TEST(tmpfs_falls_back_to_buffered) {
   if (io::direct_io_supported(d.path)) SKIP("/dev/shm takes O_DIRECT here");
   io::AsyncIO engine;
   CHECK(!engine.direct_io_active(d.path));
-  round_trips(true, d.path);  // asked for direct, runs buffered
+  for (io::Backend b : backends()) round_trips(true, d.path, b);  // asked for direct, runs buffered
 }
 
-TEST(many_requests_in_flight) {
+namespace {
+void many_requests_in_flight_on(io::Backend backend) {
   TempDir d;
   std::mt19937 rng(test_seed());
-  io::AsyncIO engine({4, 64 * 1024, true});
+  io::AsyncIO engine({4, 64 * 1024, true, backend, 8});  // a queue shallower than the blocks
   const std::string path = d.path + "/many.bin";
   constexpr int kRequests = 96;
   std::vector<std::vector<std::uint8_t>> data;
@@ -146,11 +163,17 @@ TEST(many_requests_in_flight) {
     CHECK(back[i] == data[i]);
   }
 }
+}  // namespace
 
-TEST(descriptors) {
+TEST(many_requests_in_flight) {
+  for (io::Backend b : backends()) many_requests_in_flight_on(b);
+}
+
+namespace {
+void descriptors_on(io::Backend backend) {
   TempDir d;
   std::mt19937 rng(test_seed());
-  io::AsyncIO engine({2, MiB, true});
+  io::AsyncIO engine({2, MiB, true, backend});
   const std::string path = d.path + "/fd.bin";
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
   CHECK(fd >= 0);
@@ -173,9 +196,9 @@ TEST(descriptors) {
   ::close(fd);
 }
 
-TEST(errors_name_the_file) {
+void errors_name_the_file_on(io::Backend backend) {
   TempDir d;
-  io::AsyncIO engine;
+  io::AsyncIO engine({4, MiB, true, backend});
   std::vector<char> buf(8192);
   const std::string missing = d.path + "/missing.bin";
   try {
@@ -194,7 +217,16 @@ TEST(errors_name_the_file) {
   } catch (const io::io_error& e) {
     CHECK(contains(e.what(), "the file ends at 100 bytes"));
   }
-  CHECK_THROWS(io::AsyncIO({0, MiB, true}), megalith::invalid_argument);
+  CHECK_THROWS(io::AsyncIO({0, MiB, true, backend}), megalith::invalid_argument);
+}
+}  // namespace
+
+TEST(descriptors) {
+  for (io::Backend b : backends()) descriptors_on(b);
+}
+
+TEST(errors_name_the_file) {
+  for (io::Backend b : backends()) errors_name_the_file_on(b);
 }
 
 namespace {
@@ -215,13 +247,13 @@ struct FileSizeLimit {
     std::signal(SIGXFSZ, old_handler);
   }
 };
-}  // namespace
 
-TEST(disk_full_keeps_what_was_written) {
+void disk_full_keeps_what_was_written_on(io::Backend backend) {
   TempDir d;
   std::mt19937 rng(test_seed());
   for (bool direct : {true, false}) {
-    io::SwapDir swap(d.path, "full", std::make_shared<io::AsyncIO>(io::IOOptions{2, MiB, direct}));
+    io::SwapDir swap(d.path, "full",
+                     std::make_shared<io::AsyncIO>(io::IOOptions{2, MiB, direct, backend}));
     auto saved = random_bytes(rng, MiB + 3);
     auto first = swap.allocate("first", 2 * MiB);
     first->write(saved.data(), saved.size(), 5).wait();
@@ -255,10 +287,8 @@ TEST(disk_full_keeps_what_was_written) {
   }
 }
 
-TEST(enospc_from_dev_full) {
-  struct stat st{};
-  if (::stat("/dev/full", &st) != 0) SKIP("no /dev/full");
-  io::AsyncIO engine;
+void enospc_from_dev_full_on(io::Backend backend) {
+  io::AsyncIO engine({4, MiB, true, backend});
   std::vector<char> buf(10000, 'x');
   io::Request r = engine.write("/dev/full", 4096, buf.data(), buf.size());
   try {
@@ -270,6 +300,17 @@ TEST(enospc_from_dev_full) {
                    "disk full: cannot write 9.8 KiB (10000 bytes) at offset 4096 of "
                    "'/dev/full': No space left on device"));
   }
+}
+}  // namespace
+
+TEST(disk_full_keeps_what_was_written) {
+  for (io::Backend b : backends()) disk_full_keeps_what_was_written_on(b);
+}
+
+TEST(enospc_from_dev_full) {
+  struct stat st{};
+  if (::stat("/dev/full", &st) != 0) SKIP("no /dev/full");
+  for (io::Backend b : backends()) enospc_from_dev_full_on(b);
 }
 
 TEST(swap_dir_lifecycle) {

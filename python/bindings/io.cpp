@@ -115,17 +115,29 @@ void bind_engine(nb::module_& m) {
       .def("__repr__", &request_repr);
 
   nb::class_<AsyncIO>(m, "AsyncIO",
-                      "Reads and writes files on a pool of I/O threads, large requests split "
-                      "into blocks run in parallel; O_DIRECT where the filesystem allows it")
+                      "Reads and writes files on a pool of I/O threads or an io_uring, large "
+                      "requests split into blocks run in parallel; O_DIRECT where the filesystem "
+                      "allows it")
       .def(
           "__init__",
-          [](AsyncIO* self, int threads, std::size_t block_bytes, bool direct) {
-            new (self) AsyncIO(IOOptions{threads, block_bytes, direct});
+          [](AsyncIO* self, int threads, std::size_t block_bytes, bool direct,
+             const std::string& backend, int queue_depth) {
+            new (self) AsyncIO(
+                IOOptions{threads, block_bytes, direct, parse_backend(backend), queue_depth});
           },
-          "threads"_a = 4, "block_bytes"_a = std::size_t{8} << 20, "direct"_a = true)
+          "threads"_a = 4, "block_bytes"_a = std::size_t{8} << 20, "direct"_a = true,
+          "backend"_a = "auto", "queue_depth"_a = 64,
+          "`backend`: \"threads\", \"uring\" (OSError naming the reason where the kernel "
+          "refuses io_uring) or \"auto\" (io_uring where it can be had; the environment "
+          "variable MEGALITH_IO_BACKEND overrides auto). `queue_depth`: blocks in flight in the "
+          "ring.")
       .def_prop_ro("threads", [](const AsyncIO& a) { return a.options().threads; })
       .def_prop_ro("block_bytes", [](const AsyncIO& a) { return a.options().block_bytes; })
       .def_prop_ro("direct", [](const AsyncIO& a) { return a.options().direct; })
+      .def_prop_ro(
+          "backend", [](const AsyncIO& a) { return std::string(backend_name(a.backend())); },
+          "The backend in use: \"threads\" or \"uring\" (never \"auto\")")
+      .def_prop_ro("queue_depth", [](const AsyncIO& a) { return a.options().queue_depth; })
       .def(
           "read",
           [](AsyncIO& io, const Target& file, std::uint64_t offset, ReadArray buffer,
@@ -156,6 +168,8 @@ void bind_engine(nb::module_& m) {
           "Whether requests on `path` (a file, or a directory for new files) use "
           "O_DIRECT: asked for, and the filesystem allows it (tmpfs may not)");
 
+  m.def("uring_unavailable_reason", &uring_unavailable_reason,
+        "\"\" when AsyncIO can use io_uring in this process, else why not and what to do");
   m.def(
       "free_bytes", [](const std::filesystem::path& p) { return free_bytes(p.string()); }, "path"_a,
       "Bytes an unprivileged process may still write on the filesystem of `path`");

@@ -79,6 +79,7 @@ def train(rank: int, case: Auto):
                 out["warmup_peak"] = _device_peak(zmodel.memory_report())
                 out["footprint"] = (p.footprint.non_model, dict(p.footprint.model))
                 out["room"], out["moved"] = p.room, list(p.moved)
+                out["params_moved"] = list(p.params_moved)  # stage 3: shards moved back
                 out["warmup_skipped"] = zopt.skipped_steps
                 zmodel.memory.reset_peak()  # the placed steps' peaks from here on
     except (ValueError, MemoryError) as e:
@@ -102,6 +103,15 @@ def train(rank: int, case: Auto):
             if c.trainable
         ],
         swap_files=zopt.offloader.swap.nbytes if zopt.offloader and zopt.offloader.swap else 0,
+        # per trainable chunk: its working-parameter shard's bytes, and whether it is on the
+        # host (stage 3: the warm-up puts every shard there)
+        shard_bytes=[
+            c.shard.numel() * c.shard.element_size() for c in zmodel.chunks if c.trainable
+        ],
+        params_on_host=[c.params_on_host for c in zmodel.chunks if c.trainable],
+        shards_on_device=[
+            c.spec.index for c in zmodel.chunks if c.trainable and not c.params_on_host
+        ],
     )
     zopt.close()
     return out

@@ -1,15 +1,32 @@
-// AsyncIO: requests cut into blocks, a queue, and the worker threads that run them.
+// AsyncIO: requests cut into blocks, the choice of backend, and the thread
+// backend (a queue and the worker threads that run it).
 #include "megalith/io/async_io.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <utility>
 
 #include "engine_detail.h"
 #include "megalith/error.h"
+#include "megalith/io/error.h"
 #include "megalith/memory/bytes.h"
+#ifdef MEGALITH_HAVE_IO_URING
+#include "uring.h"
+#endif
 
 namespace megalith::io {
 namespace detail {
+
+void finish(const Block& b, std::exception_ptr error) {
+  RequestState& r = *b.request;
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (error && !r.error) {
+    r.error = std::move(error);
+    r.failed.store(true);
+  }
+  if (--r.pending == 0) r.cv.notify_all();
+}
 
 WorkerPool::WorkerPool(int threads, std::size_t block_bytes) : block_bytes_(block_bytes) {
   threads_.reserve(static_cast<std::size_t>(threads));
@@ -48,25 +65,49 @@ void WorkerPool::run() {
       b = std::move(queue_.front());
       queue_.pop_front();
     }
-    RequestState& r = *b.request;
     std::exception_ptr error;
-    if (!r.failed.load()) {  // after one block failed, the rest of the request is skipped
+    if (!b.request->failed.load()) {  // after one block failed, the rest of the request is skipped
       try {
         transfer(b, bounce);
       } catch (...) {
         error = std::current_exception();
       }
     }
-    std::lock_guard<std::mutex> lock(r.mu);
-    if (error && !r.error) {
-      r.error = error;
-      r.failed.store(true);
-    }
-    if (--r.pending == 0) r.cv.notify_all();
+    finish(b, std::move(error));
   }
 }
 
 }  // namespace detail
+
+Backend parse_backend(const std::string& name) {
+  if (name == "threads") return Backend::threads;
+  if (name == "uring") return Backend::uring;
+  if (name == "auto") return Backend::automatic;
+  MEGALITH_FAIL(invalid_argument,
+                "AsyncIO: backend must be \"threads\", \"uring\" or \"auto\", got \"", name, "\"");
+}
+
+const char* backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::threads:
+      return "threads";
+    case Backend::uring:
+      return "uring";
+    case Backend::automatic:
+      break;
+  }
+  return "auto";
+}
+
+#ifdef MEGALITH_HAVE_IO_URING
+std::string uring_unavailable_reason() { return detail::Ring::unavailable_reason(); }
+#else
+std::string uring_unavailable_reason() {
+  return "io_uring is not available here: this megalith was built without "
+         "<linux/io_uring.h> (install the kernel's uapi headers, e.g. linux-libc-dev, and "
+         "rebuild); use backend threads (MEGALITH_IO_BACKEND=threads)";
+}
+#endif
 
 void Request::wait() const {
   if (!state_) return;
@@ -89,8 +130,38 @@ AsyncIO::AsyncIO(IOOptions options) : options_(options) {
                    "AsyncIO: threads must be at least 1, got ", options_.threads);
   MEGALITH_EXPECTS(options_.block_bytes > 0, invalid_argument,
                    "AsyncIO: block_bytes must be positive, got 0");
+  MEGALITH_EXPECTS(options_.queue_depth >= 1 && options_.queue_depth <= 4096, invalid_argument,
+                   "AsyncIO: queue_depth must be in 1..4096, got ", options_.queue_depth);
   options_.block_bytes = memory::align_up(options_.block_bytes, kDirectAlignment);
-  pool_ = std::make_unique<detail::WorkerPool>(options_.threads, options_.block_bytes);
+  Backend wanted = options_.backend;
+  if (wanted == Backend::automatic) {
+    if (const char* env = std::getenv("MEGALITH_IO_BACKEND"); env != nullptr && *env != '\0') {
+      try {
+        wanted = parse_backend(env);
+      } catch (const invalid_argument&) {
+        MEGALITH_FAIL(invalid_argument, "MEGALITH_IO_BACKEND must be threads, uring or auto, got '",
+                      env, "'");
+      }
+    }
+  }
+  if (wanted != Backend::threads) {
+#ifdef MEGALITH_HAVE_IO_URING
+    try {
+      pool_ = std::make_unique<detail::UringPool>(options_.queue_depth, options_.threads,
+                                                  options_.block_bytes);
+      backend_ = Backend::uring;
+    } catch (const io_error&) {
+      if (wanted == Backend::uring) throw;  // asked for by name: say why it cannot be had
+    }
+#else
+    if (wanted == Backend::uring)
+      throw io_error(ENOSYS, "AsyncIO: backend uring: " + uring_unavailable_reason());
+#endif
+  }
+  if (!pool_) {
+    pool_ = std::make_unique<detail::WorkerPool>(options_.threads, options_.block_bytes);
+    backend_ = Backend::threads;
+  }
 }
 
 AsyncIO::~AsyncIO() = default;

@@ -1,6 +1,7 @@
 #pragma once
-// Internals of AsyncIO shared by async_io.cpp (queue, requests) and
-// transfer.cpp (moving one block through the direct or buffered descriptor).
+// Internals of AsyncIO shared by async_io.cpp (requests, the thread backend),
+// transfer.cpp (moving one block through the direct or buffered descriptor)
+// and uring.cpp (the io_uring backend).
 
 #include <atomic>
 #include <condition_variable>
@@ -40,6 +41,10 @@ struct Block {
   std::size_t bytes;
 };
 
+/// Marks `b` finished, keeping `error` when it is the request's first; wakes
+/// the waiters when it was the request's last block.
+void finish(const Block& b, std::exception_ptr error);
+
 /// A worker's aligned staging memory for O_DIRECT transfers of misaligned user memory.
 class Bounce {
  public:
@@ -54,11 +59,26 @@ class Bounce {
 /// Reads or writes one block; throws io_error / disk_full.
 void transfer(const Block& b, Bounce& bounce);
 
-class WorkerPool {
+/// The error transfer() throws for a block of `r` that failed with errno
+/// `code`: disk_full for ENOSPC/EDQUOT/EFBIG, io_error otherwise, and for
+/// code 0 the io_error of a read that met the end of the file.
+[[noreturn]] void throw_transfer_error(const RequestState& r, int code);
+
+/// What runs the blocks of AsyncIO's requests: a thread pool or an io_uring.
+/// The destructor finishes every block pushed before it returns.
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  /// Thread-safe; every block is finish()ed exactly once.
+  virtual void push(std::vector<Block>&& blocks) = 0;
+};
+
+/// Threads that each take a block from a queue and transfer() it.
+class WorkerPool final : public Executor {
  public:
   WorkerPool(int threads, std::size_t block_bytes);
-  ~WorkerPool();  // runs what is queued, then joins
-  void push(std::vector<Block>&& blocks);
+  ~WorkerPool() override;  // runs what is queued, then joins
+  void push(std::vector<Block>&& blocks) override;
 
  private:
   void run();

@@ -79,6 +79,11 @@ std::size_t direct(const RequestState& r, int fd, std::uint64_t off, char* p, st
 
 }  // namespace
 
+void throw_transfer_error(const RequestState& r, int code) {
+  if (code == 0) end_of_file(r);
+  fail(r, code);
+}
+
 char* Bounce::get() {
   if (!buffer_) {
     buffer_ = memory::Buffer::allocate(std::make_shared<memory::HostResource>(), bytes_, kAlign);

@@ -1,8 +1,8 @@
 """`megalith env`: one screen saying what megalith was built with and what it finds here.
 
 In the spirit of `ds_report` and `colossalai check -i`: the megalith install, the
-engine build (compiler, SIMD levels, CUDA), the CPU, NCCL, PyTorch and the
-sub-packages. Every probe is wrapped, so one that fails prints
+engine build (compiler, SIMD levels, CUDA, the file I/O backend it picks here), the
+CPU, NCCL, PyTorch and the sub-packages. Every probe is wrapped, so one that fails prints
 "unavailable: <why>" instead of a traceback and the rest of the report still
 appears. `megalith env --json` prints the same report as one JSON object:
 {section: {key: value}}.
@@ -132,7 +132,20 @@ def build_section() -> Section:
     for key, value in info.items():
         if key not in section and not key.startswith("cuda_"):
             section[key] = value
+    section["io_backend"] = probe(_io_backend)
     return section
+
+
+def _io_backend() -> str:
+    """The backend a default AsyncIO takes here: "uring", or "threads" and why not io_uring."""
+    from megalith import _engine
+
+    picked = _engine.io.AsyncIO(threads=1).backend
+    env = os.environ.get("MEGALITH_IO_BACKEND")
+    if env:
+        return f"{picked} (MEGALITH_IO_BACKEND={env})"
+    why = _engine.io.uring_unavailable_reason().split("; use the thread backend")[0]
+    return f"{picked} ({why})" if picked == "threads" and why else picked
 
 
 def cpu_section() -> Section:

@@ -1,9 +1,11 @@
 #pragma once
-// Asynchronous file reads and writes on a pool of I/O threads. A request is
-// cut into blocks of `block_bytes` (at block-aligned file offsets) that the
-// workers run in parallel with the blocks of every other request in flight.
-// Errors of a worker are stored in its request and thrown by Request::wait().
-// Requests on one file must not overlap while both are in flight.
+// Asynchronous file reads and writes. A request is cut into blocks of
+// `block_bytes` (at block-aligned file offsets) that run in parallel with the
+// blocks of every other request in flight, on one of two backends: a pool of
+// I/O threads (pread/pwrite), or one io_uring per AsyncIO whose own thread
+// submits the blocks and reaps their completions (Linux 5.12 and later, where
+// the kernel allows it). Errors are stored in their request and thrown by
+// Request::wait(). Requests on one file must not overlap while both are in flight.
 
 #include <cstddef>
 #include <cstdint>
@@ -15,15 +17,35 @@
 
 namespace megalith::io {
 
+/// What runs the blocks. `automatic` takes io_uring when the kernel lets this
+/// process set up a ring and the thread pool otherwise; the environment
+/// variable MEGALITH_IO_BACKEND=threads|uring|auto overrides it (and only it).
+enum class Backend { threads, uring, automatic };
+
 struct IOOptions {
-  int threads = 4;                                 ///< I/O worker threads, >= 1
+  /// I/O worker threads, >= 1: the thread backend's, and the uring backend's
+  /// for the blocks its ring does not take (those of a direct file with
+  /// misaligned memory or an unaligned head or tail), started at first need.
+  int threads = 4;
   std::size_t block_bytes = std::size_t{8} << 20;  ///< rounded up to kDirectAlignment
   bool direct = true;                              ///< use O_DIRECT where it works
+  Backend backend = Backend::automatic;
+  int queue_depth = 64;  ///< uring: blocks in flight in the ring, 1..4096
 };
+
+/// "threads", "uring" or "auto" (the names MEGALITH_IO_BACKEND and Python
+/// use); throws invalid_argument naming the allowed values for any other.
+MEGALITH_API Backend parse_backend(const std::string& name);
+MEGALITH_API const char* backend_name(Backend backend);
+
+/// Empty when this process can set up an io_uring for AsyncIO, else why not
+/// (the errno text of io_uring_setup, kernel.io_uring_disabled, or a kernel
+/// older than 5.12), and the fix.
+MEGALITH_API std::string uring_unavailable_reason();
 
 namespace detail {
 struct RequestState;
-class WorkerPool;
+class Executor;
 }  // namespace detail
 
 /// A ticket for one read or write. Copies share the request.
@@ -48,7 +70,9 @@ class MEGALITH_API Request {
 
 class MEGALITH_API AsyncIO {
  public:
-  /// Throws invalid_argument for threads < 1 or block_bytes == 0.
+  /// Throws invalid_argument for threads < 1, block_bytes == 0, a queue_depth
+  /// out of range or a bad MEGALITH_IO_BACKEND; io_error naming the reason for
+  /// Backend::uring where io_uring is not available.
   explicit AsyncIO(IOOptions options = {});
   /// Finishes every queued block, then joins the workers.
   ~AsyncIO();
@@ -72,14 +96,18 @@ class MEGALITH_API AsyncIO {
   /// Whether requests on `path` would use O_DIRECT: options().direct and the
   /// filesystem allows it (see direct_io_supported).
   bool direct_io_active(const std::string& path) const;
+  /// Options as given (options().backend may say automatic).
   const IOOptions& options() const { return options_; }
+  /// The backend in use: threads or uring, never automatic.
+  Backend backend() const { return backend_; }
 
  private:
   Request submit(const std::shared_ptr<File>& file, bool write, std::uint64_t offset, void* data,
                  std::size_t bytes);
 
   IOOptions options_;
-  std::unique_ptr<detail::WorkerPool> pool_;
+  Backend backend_ = Backend::threads;
+  std::unique_ptr<detail::Executor> pool_;
 };
 
 }  // namespace megalith::io

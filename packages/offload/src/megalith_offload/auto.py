@@ -24,6 +24,12 @@ come back to the device after a warm-up step, under a device budget.
    its gradients arrive, so the first chunks gain most from staying on the device.
    Every later step then peaks at the warm-up's peak plus the bytes moved, at most
    budget * (1 - headroom).
+4. At ZeRO stage 3 the working-parameter shards move too (each rank holds only its
+   shards there, like the masters): the warm-up runs with every shard in host memory
+   as well (the gathers copy them up), so auto fits wherever the static full offload
+   with param_frac=1 fits, and step 1 leaves out the shards from the resident model
+   state. After the warm-up the shards come back first, in layout order, then the
+   masters and states of chunks whose shards are back (choose_with_params).
 """
 
 from __future__ import annotations
@@ -161,6 +167,21 @@ def check_warmup(budget: int, headroom: float, footprint: Footprint) -> int:
             f"device_budget_bytes={budget}; raise the budget or shrink the step"
         )
     return max(0, int(budget * (1 - headroom)) - footprint.total)
+
+
+def choose_with_params(
+    params: Sequence[tuple[int, int]], states: Sequence[tuple[int, int]], room: int
+) -> tuple[list[int], list[int]]:
+    """Stage 3, where the warm-up offloaded parameter shards too: (chunks whose shards
+    move back, chunks whose masters and states move back). Shards come first, in layout
+    order: a shard costs the device 2 bytes per parameter (bf16) and saves a copy up per
+    gather, forward and backward, while a chunk's states cost 12 to 16 and need its
+    shard on the device (the device kernel writes it). States then move by first fit,
+    only for chunks whose shard is (or was) on the device."""
+    back = choose(params, room)
+    room -= sum(nbytes for k, nbytes in params if k in back)
+    offloaded = {k for k, _ in params} - set(back)
+    return back, choose([(k, b) for k, b in states if k not in offloaded], room)
 
 
 def choose(costs: Sequence[tuple[int, int]], room: int) -> list[int]:

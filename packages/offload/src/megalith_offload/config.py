@@ -9,6 +9,7 @@ TIERS = ("host", "nvme", "host+nvme")
 PLACEMENTS = ("static", "auto")
 PARAM_TIERS = ("host", "nvme")
 MASTER_TIERS = ("host", "nvme")
+IO_BACKENDS = ("auto", "uring", "threads")
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,10 @@ class OffloadConfig:
         offload_optim_frac): 1.0 offloads all, 0.0 none (unless the budget asks).
     placement: "static" (the default): the chunks named by optim_frac and
         device_budget_bytes are offloaded for the whole run. "auto": the first step
-        (the warm-up) runs with every chunk offloaded (static full offload) while the
-        non-model memory of the step is measured; afterwards the chunks that fit the
-        device budget move back to the device tier (see megalith_offload.auto).
+        (the warm-up) runs with every chunk offloaded (static full offload; at ZeRO
+        stage 3 the parameter shards too) while the non-model memory of the step is
+        measured; afterwards the chunks that fit the device budget move back to the
+        device tier, parameter shards first (see megalith_offload.auto).
     device_budget_bytes: static: at most this many bytes of masters and optimizer
         states stay on the device tier; chunks past it are offloaded too; None: no
         limit. auto: every byte the step uses on the device (working params, grads,
@@ -45,7 +47,10 @@ class OffloadConfig:
     swap_dir: the directory under which the per-run swap directory is made
         (tier "nvme"); None: the system's temporary directory.
     run_name: names the swap directory (megalith-swap-<run_name>-rank<r>-<id>).
-    io_threads: threads of the engine's async file I/O.
+    io_threads: threads of the engine's async file I/O (with io_backend "threads", or
+        for the blocks io_uring does not take).
+    io_backend: the engine's file I/O backend: "auto" (io_uring where the kernel allows
+        it, threads otherwise; MEGALITH_IO_BACKEND overrides), "uring" or "threads".
     direct: use O_DIRECT where the filesystem allows it.
     param_frac: ZeRO stage 3: the fraction of chunks whose working-parameter shards live
         in (pinned) host memory instead of on the device (ColossalAI's
@@ -88,6 +93,7 @@ class OffloadConfig:
     swap_dir: str | None = None
     run_name: str = "megalith"
     io_threads: int = 4
+    io_backend: str = "auto"
     direct: bool = True
     param_frac: float = 0.0
     cpu_threads: int | None = None
@@ -116,7 +122,9 @@ class OffloadConfig:
         if pf and self.placement == "auto":
             raise ValueError(
                 f"OffloadConfig: param_frac={pf!r} with placement='auto'; automatic placement "
-                "moves optimizer states only: use placement='static' to offload parameters"
+                "decides which parameter shards leave the device itself (at ZeRO stage 3; "
+                "at stages 1 and 2 every rank keeps all parameters): leave param_frac at 0, "
+                "or use placement='static' to choose it"
             )
         self._check_param_tier()
         if self.master_tier not in MASTER_TIERS:
@@ -158,6 +166,11 @@ class OffloadConfig:
             )
         if self.io_threads < 1:
             raise ValueError(f"OffloadConfig: io_threads={self.io_threads}; expected >= 1")
+        if self.io_backend not in IO_BACKENDS:
+            raise ValueError(
+                f"OffloadConfig: io_backend={self.io_backend!r}; expected 'auto', 'uring' or "
+                "'threads'"
+            )
         if not self.run_name or "/" in self.run_name:
             raise ValueError(
                 f"OffloadConfig: run_name={self.run_name!r}; expected a non-empty name without '/'"

@@ -27,9 +27,11 @@ class Offloader:
         costs: Sequence[ChunkCost],
         rank: int,
         pinned: bool | None = None,
+        param_frac: float | None = None,
     ):
+        """param_frac: instead of config.param_frac (see plan)."""
         self.config = config
-        self.plan: Plan = plan(costs, config)
+        self.plan: Plan = plan(costs, config, param_frac)
         self.tiers = list(self.plan.tiers)  # as placed now (auto placement changes them)
         kinds = {"host": ("master", "optim_states"), "nvme": ("master", "swap_staging")}.get(
             config.tier, ("master", "optim_states", "swap_staging")

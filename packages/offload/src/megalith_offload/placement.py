@@ -82,7 +82,11 @@ class Plan:
     param_slot_bytes: int = 0
 
 
-def plan(costs: Sequence[ChunkCost], config: OffloadConfig) -> Plan:
+def plan(
+    costs: Sequence[ChunkCost], config: OffloadConfig, param_frac: float | None = None
+) -> Plan:
+    """param_frac: instead of config.param_frac (automatic placement's warm-up at stage 3
+    offloads every parameter shard, see megalith_offload.auto)."""
     n = len(costs)
     n_off = min(n, math.ceil(config.optim_frac * n - 1e-9))
     first = "nvme" if config.tier == "host+nvme" else config.tier
@@ -94,7 +98,8 @@ def plan(costs: Sequence[ChunkCost], config: OffloadConfig) -> Plan:
             tiers[i] = first
         else:
             on_device += costs[i].device
-    offloaded_params = _offloaded_params(costs, tiers, config.param_frac)
+    frac = config.param_frac if param_frac is None else param_frac
+    offloaded_params = _offloaded_params(costs, tiers, frac)
     on_nvme = config.param_tier == "nvme"
     params_on_host = tuple(p and not on_nvme for p in offloaded_params)
     params_on_nvme = tuple(p and on_nvme for p in offloaded_params)

@@ -104,7 +104,9 @@ class SwapStore:
     ):
         root = config.swap_dir or tempfile.gettempdir()
         os.makedirs(root, exist_ok=True)
-        self.io = _engine.io.AsyncIO(threads=config.io_threads, direct=config.direct)
+        self.io = _engine.io.AsyncIO(
+            threads=config.io_threads, direct=config.direct, backend=config.io_backend
+        )
         self.dir = _engine.io.SwapDir(root, f"{config.run_name}-rank{rank}", self.io)
         self.path: str = self.dir.path
         self._entries: dict[Hashable, _Entry] = {}

@@ -186,6 +186,20 @@ class FlatChunk:
         finally:
             self.shard = self._shard_placeholder()
 
+    def params_to_device(self) -> None:
+        """Moves a parameter shard kept in host memory to the device (automatic placement
+        at stage 3): device memory from the engine, the values copied, the host copy
+        freed. Gathers read it there from then on; the host update of the chunk (its
+        states still offloaded) sends the new values up as for any device shard."""
+        if not self.params_on_host:
+            return
+        shard = self.memory.empty("params", self.spec.shard_numel, self.param_dtype)
+        shard.copy_(self.shard)
+        self.shard, self.params_on_host = shard, False
+        # Called after a step, when no gather is in flight: on CPU ranks a chunk still
+        # gathered keeps the old shard as its gather source, which need not live on.
+        self._gather_src = None
+
     def resident_params(self) -> None:
         """A swap-file shard as a host tensor in `shard` until store_params() (checkpoints)."""
         if self.params_on_nvme:

@@ -58,18 +58,13 @@ class HostStepper:
         self.device = device
         self.slots = slots
         self.cuda = device.type == "cuda"
-        numel = max(c.spec.shard_numel for c in chunks)
-        grad_dtype, param_dtype = chunks[0].shard_grad.dtype, chunks[0].shard.dtype
+        numel = self._numel = max(c.spec.shard_numel for c in chunks)
+        grad_dtype, self._param_dtype = chunks[0].shard_grad.dtype, chunks[0].shard.dtype
+        self._host = host
         self._grads = [host.empty("grad_staging", numel, grad_dtype) for _ in range(self.slots)]
-        # chunks whose shard is host memory (param_frac) are updated in place: no staging
-        in_place = all(
-            getattr(c, "params_on_host", False) or getattr(c, "params_on_nvme", False)
-            for c in chunks
-        )
-        self._params = [
-            None if in_place else host.empty("param_staging", numel, param_dtype)
-            for _ in range(self.slots)
-        ]
+        # chunks whose shard is host memory (param_frac) are updated in place: the
+        # parameter staging is made with the first chunk whose shard is on the device
+        self._params: list[torch.Tensor | None] = [None] * slots
         self._up_done: list[torch.cuda.Event | None] = [None] * slots
         self._next_slot = 0
         if self.cuda:
@@ -83,11 +78,17 @@ class HostStepper:
 
     # -- caller side ------------------------------------------------------------
     def submit(self, chunk: Any, work: Work, pieces: list[slice]) -> None:
-        """Queues the chunk's update; its gradients must be final in stream order now."""
+        """Queues the chunk's update; its gradients must be final in stream order now.
+        pieces: the shard ranges to copy up afterwards (none: updated in place)."""
         ready = None
         if self.cuda:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self.device))
+        if pieces and self._params[0] is None:
+            self._params = [
+                self._host.empty("param_staging", self._numel, self._param_dtype)
+                for _ in range(self.slots)
+            ]
         job = _Job(chunk, work, pieces, ready)
         self._jobs.append(job)
         if self._thread is None:
@@ -217,4 +218,7 @@ def _serve(jobs: queue.Queue, ref: weakref.ref) -> None:
             me._start_copy_down(job)
             started.append(job)
         me._finish(started.popleft())
+        # while it waits for more work the loop holds no job: a finished job's closure
+        # may hold a chunk's old buffers (automatic placement frees them on a move)
         del me
+        job = None

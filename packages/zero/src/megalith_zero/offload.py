@@ -76,7 +76,19 @@ def make_offloader(
         )
     # Pinned host memory only pays off (and only exists) beside a GPU.
     pinned = None if device.type == "cuda" else False
-    return mo.Offloader(config.offload, costs, rank, pinned), index
+    # automatic placement at stage 3: the warm-up runs with every parameter shard on the
+    # host too (static full offload), see params_offloadable
+    frac = 1.0 if params_offloadable(config) else None
+    return mo.Offloader(config.offload, costs, rank, pinned, frac), index
+
+
+def params_offloadable(config: ZeroConfig) -> bool:
+    """Whether automatic placement moves parameter shards too: at stage 3, where each
+    rank keeps only its shards, the warm-up offloads them with the masters and states
+    (the static full offload, so that auto fits wherever that fits) and the placement
+    brings back those that fit."""
+    off = config.offload
+    return off is not None and off.placement == "auto" and config.stage == 3
 
 
 def swapped_states(
@@ -157,9 +169,10 @@ def auto_budget(config: ZeroConfig, layout: Layout, device: torch.device) -> int
     stage = config.stage
     params = grads = in_flight = gathered = 0
     one: tuple[int, int] | None = None
+    movable_params = params_offloadable(config)
     for spec in layout.chunks:
         n, s, trains = spec.numel, spec.shard_numel, spec.group >= 0
-        p = (s if stage == 3 else n) * wd
+        p = 0 if movable_params and trains else (s if stage == 3 else n) * wd
         g = ((n if stage == 1 else s) * rd) if trains else 0
         f = n * rd if trains and stage > 1 else 0
         q = n * wd if stage == 3 else 0
@@ -180,7 +193,8 @@ class AutoPlacement:
     budget back to the device tier.
 
     After finish(): `footprint` (the warm-up's peaks), `room` (bytes the budget left for
-    masters and states on the device), `moved` (the chunk indices moved back) and, at
+    masters and states on the device), `moved` (the chunk indices whose masters and
+    states moved back), `params_moved` (stage 3: those whose parameter shards did) and, at
     stage 3, `kept_bytes` (what the moves left, for gathered chunks kept from forward
     to backward: they are held at the step's peak, which the room was measured at).
     """
@@ -208,6 +222,8 @@ class AutoPlacement:
         self.footprint: Any = None
         self.room: int | None = None
         self.moved: list[int] = []
+        #: stage 3: the chunks whose parameter shards moved back to the device
+        self.params_moved: list[int] = []
         #: stage 3: the room left after the moves, given to Stage3Hooks for chunks kept
         #: gathered from forward to backward ([Note: kept chunks])
         self.stage3 = stage3
@@ -249,18 +265,23 @@ class AutoPlacement:
         self.room = mo.auto.check_warmup(self.budget, self.headroom, self.footprint)
         groups = optimizer.param_groups
         mixed = int(any(c.shard.dtype != torch.float32 for c in self.chunks if c.trainable))
-        costs, names = [], {}
+        costs, names, shards = [], {}, []
         for c in self.chunks:
             if c.trainable and c.tier != "device":
                 names[c.spec.index] = rule.state_names(groups[c.spec.group])
                 n_states = len(names[c.spec.index])
                 costs.append((c.spec.index, FLOAT * c.spec.shard_numel * (n_states + mixed)))
-        self.moved = mo.auto.choose(costs, self.room)
+            if c.trainable and c.params_on_host:  # stage 3 ([Note: auto placement], 4.)
+                shards.append((c.spec.index, c.spec.shard_numel * c.shard.element_size()))
+        self.params_moved, self.moved = mo.auto.choose_with_params(shards, costs, self.room)
+        moved_bytes = sum(b for k, b in shards if k in self.params_moved)
+        moved_bytes += sum(b for k, b in costs if k in self.moved)
         if self.stage3 is not None:
-            moved_bytes = sum(nbytes for k, nbytes in costs if k in self.moved)
             self.kept_bytes = max(0, self.room - moved_bytes)
             self.stage3.keep_bytes += self.kept_bytes
         by_index = {c.spec.index: c for c in self.chunks}
+        for k in self.params_moved:
+            by_index[k].params_to_device()
         for k in self.moved:
             by_index[k].to_device(names[k])
             self.offloader.tiers[self.plan_index[k]] = "device"

@@ -469,6 +469,9 @@ class ZeroOptimizer:
         self._clip_coef = 1.0
         if self.placement is not None and self.placement.pending:
             self.placement.finish(self.group, self.optimizer, self.rule)
+            if self.stepper is not None and all(c.tier == "device" for c in self.trainable):
+                self.stepper.close()  # every chunk came back: its host staging goes
+                self.stepper = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.reducer.wait()

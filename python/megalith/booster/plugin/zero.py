@@ -273,8 +273,9 @@ class GeminiPlugin(_ZeroPlugin):
             if offload_param_frac:
                 raise ValueError(
                     f"GeminiPlugin: offload_param_frac={offload_param_frac} with "
-                    "placement_policy='auto'; auto placement moves optimizer states only "
-                    "(use placement_policy='static' to offload parameters)"
+                    "placement_policy='auto'; auto placement decides which parameter "
+                    "shards leave the GPU itself (leave offload_param_frac at 0.0, or use "
+                    "placement_policy='static' to choose it)"
                 )
             self.set_offload(
                 tier="host", optim_frac=1.0, placement="auto", headroom=1.0 - steady_cuda_cap_ratio
