@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "io_test_support.h"
 #include "megalith/io/async_io.h"
 #include "megalith/io/error.h"
 #include "megalith/io/swap_dir.h"
@@ -29,6 +30,8 @@
 namespace io = megalith::io;
 namespace mm = megalith::memory;
 namespace fs = std::filesystem;
+using megalith_io_test::Memory;
+using megalith_io_test::TempDir;
 using megalith_memory_test::contains;
 using megalith_memory_test::random_bytes;
 using megalith_memory_test::test_seed;
@@ -46,29 +49,6 @@ std::vector<io::Backend> backends() {
   if (why.empty()) return {io::Backend::threads, io::Backend::uring};
   return {io::Backend::threads};
 }
-
-/// A fresh directory under $TMPDIR (or /tmp), removed at the end of the test.
-struct TempDir {
-  std::string path;
-  explicit TempDir(const char* base = nullptr) {
-    if (base == nullptr) base = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
-    std::string tmpl = std::string(base) + "/megalith-io-test-XXXXXX";
-    path = mkdtemp(tmpl.data()) ? tmpl : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path.empty()) fs::remove_all(path, ec);
-  }
-};
-
-/// Host memory whose data starts `skew` bytes past a 4096-byte boundary.
-struct Memory {
-  std::shared_ptr<mm::Buffer> buf;
-  char* p;
-  Memory(std::size_t n, std::size_t skew)
-      : buf(mm::Buffer::allocate(std::make_shared<mm::HostResource>(), n + skew + 1, 4096)),
-        p(static_cast<char*>(buf->data()) + skew) {}
-};
 
 std::vector<std::uint8_t> read_plain(const std::string& path, std::uint64_t off, std::size_t n) {
   std::vector<std::uint8_t> out(n);

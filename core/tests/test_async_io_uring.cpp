@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "io_test_support.h"
 #include "megalith/io/async_io.h"
 #include "megalith/io/error.h"
 #include "megalith/memory/buffer.h"
@@ -31,34 +32,14 @@
 namespace io = megalith::io;
 namespace mm = megalith::memory;
 namespace fs = std::filesystem;
+using megalith_io_test::Memory;
+using megalith_io_test::TempDir;
 using megalith_memory_test::contains;
 using megalith_memory_test::random_bytes;
 using megalith_memory_test::test_seed;
 
 namespace {
 constexpr std::size_t KiB = 1024, MiB = std::size_t{1} << 20;
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    const char* base = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
-    std::string tmpl = std::string(base) + "/megalith-uring-test-XXXXXX";
-    path = mkdtemp(tmpl.data()) ? tmpl : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path.empty()) fs::remove_all(path, ec);
-  }
-};
-
-/// Host memory whose data starts `skew` bytes past a 4096-byte boundary.
-struct Memory {
-  std::shared_ptr<mm::Buffer> buf;
-  char* p;
-  Memory(std::size_t n, std::size_t skew)
-      : buf(mm::Buffer::allocate(std::make_shared<mm::HostResource>(), n + skew + 1, 4096)),
-        p(static_cast<char*>(buf->data()) + skew) {}
-};
 
 bool uring_here() { return io::uring_unavailable_reason().empty(); }
 

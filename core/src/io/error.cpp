@@ -35,10 +35,7 @@ bool is_no_space(int code) noexcept { return code == ENOSPC || code == EDQUOT ||
 
 namespace detail {
 
-void throw_errno(int code, const std::string& what, const std::string& path, std::uint64_t bytes,
-                 const char* where) {
-  using ::megalith::detail::concat;
-  using memory::format_bytes;
+std::string errno_text(int code) {
   char text[128];
   const char* msg = text;
 #if defined(__GLIBC__) && defined(_GNU_SOURCE)
@@ -47,8 +44,16 @@ void throw_errno(int code, const std::string& what, const std::string& path, std
   if (strerror_r(code, text, sizeof(text)) != 0)
     std::snprintf(text, sizeof(text), "errno %d", code);
 #endif
+  return ::megalith::detail::concat(msg, " (errno ", code, ")");
+}
+
+void throw_errno(int code, const std::string& what, const std::string& path, std::uint64_t bytes,
+                 const char* where) {
+  using ::megalith::detail::concat;
+  using memory::format_bytes;
+  const std::string msg = errno_text(code);
   if (!is_no_space(code)) {
-    throw io_error(code, concat(what, " '", path, "': ", msg, " (errno ", code, ") [", where, "]"));
+    throw io_error(code, concat(what, " '", path, "': ", msg, " [", where, "]"));
   }
   const std::uint64_t available = free_bytes(path);
   const char* why = code == EFBIG    ? " (the process's file size limit, RLIMIT_FSIZE, or the "
@@ -57,8 +62,8 @@ void throw_errno(int code, const std::string& what, const std::string& path, std
                                      : "";
   throw disk_full(
       code,
-      concat("disk full: ", what, " '", path, "': ", msg, " (errno ", code, ")", why,
-             "; asked for ", format_bytes(bytes), ", ", format_bytes(available),
+      concat("disk full: ", what, " '", path, "': ", msg, why, "; asked for ", format_bytes(bytes),
+             ", ", format_bytes(available),
              " free on its filesystem; free some space or write elsewhere [", where, "]"),
       path, bytes, available);
 }

@@ -34,18 +34,6 @@ const char* fix() {
          "MEGALITH_IO_BACKEND=threads, or AsyncIO(backend=\"threads\") in Python)";
 }
 
-std::string errno_text(int code) {
-  char text[128];
-  const char* msg = text;
-#if defined(__GLIBC__) && defined(_GNU_SOURCE)
-  msg = strerror_r(code, text, sizeof(text));  // the GNU form returns the text
-#else
-  if (strerror_r(code, text, sizeof(text)) != 0)
-    std::snprintf(text, sizeof(text), "errno %d", code);
-#endif
-  return concat(msg, " (errno ", code, ")");
-}
-
 /// ", kernel.io_uring_disabled = N" when the sysctl is there and not 0.
 std::string sysctl_note() {
   std::ifstream f("/proc/sys/kernel/io_uring_disabled");

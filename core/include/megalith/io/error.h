@@ -48,6 +48,9 @@ MEGALITH_API std::uint64_t free_bytes(const std::string& path);
 MEGALITH_API bool is_no_space(int code) noexcept;
 
 namespace detail {
+/// "<strerror(code)> (errno <code>)", thread-safe.
+MEGALITH_API std::string errno_text(int code);
+
 /// Throws disk_full when is_no_space(code), else io_error: "<what> '<path>':
 /// <strerror> (errno <code>)[; <free> free on its filesystem] [<where>]".
 [[noreturn]] MEGALITH_API void throw_errno(int code, const std::string& what,
