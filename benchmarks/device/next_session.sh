@@ -12,11 +12,15 @@
 # and the 16-core AdamW on the engine's huge-page host memory beside torch on the same
 # memory (issue 2); the two file I/O backends on the box's disk. Written 2026-11-30 and not
 # yet run on a GPU: masters on NVMe (test_offload_gpu.py), stage-3 auto placement moving
-# parameter shards back (test_auto_placement_on_gpu, 1p3b_zero3_auto), the io_uring backend. About 9 minutes. Second call: the 12B with part of the host update
+# parameter shards back (test_auto_placement_on_gpu, 1p3b_zero3_auto), the io_uring backend.
+# Two calls of about 6 and 9 minutes (PART below). Then: the 12B with part of the host update
 # moved to the GPU (OffloadConfig.visit_frac; 1,206 tok/s with none on 2026-11-30):
 #   SECTIONS="gpt12b gpt12b-visit" bash benchmarks/device/issue5_offload.sh
+# PART=tests (build, C++ and pytest GPU tests, the I/O backends) and PART=bench (the
+# rest) split it into two calls under the device's 10-minute limit; unset: both.
 source "$(dirname "$0")/setup.sh"
-REBUILD=1 build comm zero pipeline offload
+build comm zero pipeline offload
+if [ "${PART:-all}" != bench ]; then
 log ctest-memory-gpu  # the pinned huge-page blocks (written 2026-11-30, not yet run on a GPU)
 { cmake -S . -B /tmp/ctest-gpu -G Ninja -DMEGALITH_TESTS=ON -DMEGALITH_CUDA=ON \
     -DCMAKE_BUILD_TYPE=Release > /dev/null && timeout 300 cmake --build /tmp/ctest-gpu \
@@ -30,6 +34,8 @@ timeout ${PYTEST_LIMIT:-240} python3 -m pytest -p no:cacheprovider -q -rs --time
 log io-backends  # the engine's two I/O backends on this machine's disk (written 2026-11-30)
 timeout 120 python3 benchmarks/io/bench_io.py --dir /tmp --gib 2 --rounds 3 --backend both \
   --request-mib 8,64 --inflight 4 --machine "H200 box" 2>&1 | tail -20 | tee "$OUT/io_backends.txt"
+fi
+[ "${PART:-all}" = tests ] && { log done; exit 0; }
 cd "$(dirname "$0")/../.."
 bench 1p3b_static 120 --batch 16 --steps 6 --warmup 2 --modes zero2-offload
 bench 1p3b_auto 120 --batch 16 --steps 6 --warmup 2 --modes zero2-offload --placement auto
