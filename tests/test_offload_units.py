@@ -177,3 +177,17 @@ def test_swap_store_one_slot_no_overlap(tmp_path):
     store.load(2, out)
     assert torch.equal(out["m"], torch.full((100,), 6.0))
     store.close()
+
+
+def test_visit_frac_balances_host_and_link():
+    from megalith_offload.auto import visit_frac_for
+
+    # the 12B on one H200: 1.3 s of host kernel for 6.3B parameters; 12 B each way at
+    # about 50 GB/s
+    assert visit_frac_for(1.3 / 6.3e9, 12 / 50e9) == 0.46
+    assert visit_frac_for(1.0, 1.0) == 0.5 and visit_frac_for(1.0, 3.0) == 0.25
+    assert visit_frac_for(1e-12, 1.0) == 0.0  # a fast host keeps every chunk
+    assert visit_frac_for(0.0, 1.0) == visit_frac_for(1.0, 0.0) == 0.0  # nothing measured
+    assert OffloadConfig(visit_frac="auto").visit_frac == "auto"
+    with pytest.raises(ValueError, match="visit_frac='some'; expected 0 <= visit_frac <= 1 or"):
+        OffloadConfig(visit_frac="some")

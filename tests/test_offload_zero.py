@@ -55,6 +55,8 @@ def cases(swap: str, world: int) -> list[Case]:
             Case(stage=2, precision="bf16"),
             Case(stage=2, tier="host", precision="bf16", eager=True),
             Case(stage=2, tier="host", precision="bf16", eager=True, visit_frac=1.0),
+            # the fraction chosen after step 1 from the timed host kernel and link
+            Case(stage=2, tier="host", eager=True, visit_frac="auto"),
         ]
     return out
 
@@ -85,7 +87,12 @@ def test_offloaded_training_matches_device_training(world_size, tmp_path):
             assert set(r["tiers"]) == expect, (case, r["tiers"])
             assert r["swap_removed"] and r["swap_used"] == ("nvme" in r["tiers"])
             host = r["tiers"].count("host")
-            assert len(r["visited"]) == int(case.visit_frac * host + 1e-9), (case, r["visited"])
+            if case.visit_frac == "auto":
+                host_s, link_s = r["visit_timing"]
+                assert host_s > 0 and link_s > 0 and 0 <= r["visit_frac"] < 1, r
+            assert r["visit_frac"] == (0.0 if case.tier == "none" else r["visit_frac"])
+            visited = int(r["visit_frac"] * host + 1e-9)
+            assert len(r["visited"]) == visited, (case, r["visited"])
             assert r["visits_ran"] == bool(r["visited"]), case
             if r["swap_used"] and case.tier == "nvme":  # each step read the next chunk
                 n = r["tiers"].count("nvme")  # while stepping this one; one stream

@@ -25,8 +25,9 @@ for section in ${SECTIONS:-gpt1p3b gpt6p7b gpt12b}; do
   gpt12b)
     bench 12b_zero2-offload 300 --model gpt-13b --layers 38 --ckpt --batch 1 --steps 3 --warmup 1 \
       --optim-frac 0 --device-budget-gb "${DEVICE_GB_12B:-73}" --modes zero2-offload ;;
-  gpt12b-visit)  # a third of the host chunks updated by the GPU, states streamed
-    for v in ${VISIT_FRACS:-0.3 0.5}; do
+  gpt12b-visit)  # part of the host chunks updated by the GPU, states streamed; "auto"
+    # chooses the part from the first step's timings (row: visit_frac, visit_ns_per_param)
+    for v in ${VISIT_FRACS:-0.3 0.5 auto}; do
       bench "12b_visit$v" 300 --model gpt-13b --layers 38 --ckpt --batch 1 --steps 3 --warmup 1 \
         --optim-frac 0 --device-budget-gb "${DEVICE_GB_12B:-73}" --modes zero2-offload --visit-frac "$v"
     done ;;

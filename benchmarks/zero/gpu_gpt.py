@@ -85,7 +85,12 @@ def zero_stage(stage: int, offload: bool = False, early: bool = False):
             """Chunks per tier, and the engine's peak bytes per kind and tier (GB)."""
             tiers = [c.tier for c in net.chunks if c.trainable]
             peaks = {k: round(u.peak_bytes / 1e9, 2) for k, u in net.memory_report().items()}
-            return {"chunks": {t: tiers.count(t) for t in sorted(set(tiers))}, "peak_gb": peaks}
+            out = {"chunks": {t: tiers.count(t) for t in sorted(set(tiers))}, "peak_gb": peaks}
+            if opt.visit_frac:  # the fraction used, and with "auto" the timings behind it
+                out["visit_frac"] = opt.visit_frac
+            if opt.visit_timing:
+                out["visit_ns_per_param"] = [round(t * 1e9, 4) for t in opt.visit_timing]
+            return out
 
         step.placement = placement
         return step
@@ -238,7 +243,7 @@ def main() -> None:
     )
     ap.add_argument(
         "--visit-frac",
-        type=float,
+        type=lambda v: v if v == "auto" else float(v),
         default=0.0,
         help="offload modes: host chunks the GPU updates, their states streamed",
     )

@@ -36,7 +36,7 @@ class Case:
     overlap_gather: bool = False  # ZeroConfig(overlap_param_gather=True)
     param_tier: str = "host"  # OffloadConfig(param_tier=...): "nvme" keeps them in swap files
     prefetch: int = 1  # ZeroConfig(prefetch=...)
-    visit_frac: float = 0.0  # OffloadConfig(visit_frac=...): host chunks the device updates
+    visit_frac: float | str = 0.0  # OffloadConfig(visit_frac=...): host chunks the device updates
     master_tier: str = "host"  # OffloadConfig(master_tier=...): "nvme" puts masters in the files
 
 
@@ -112,6 +112,8 @@ def _run(rank: int, n: int, case: Case, zmodel, zopt) -> dict:
         # host chunks the device updated (OffloadConfig.visit_frac)
         "visited": [c.spec.index for c in zopt.trainable if zopt._visits(c)],
         "visits_ran": zopt.visits is not None,
+        "visit_frac": zopt.visit_frac,  # as given, or as chosen (visit_frac="auto")
+        "visit_timing": zopt.visit_timing,
         "tiers": tiers,
         "swap_removed": gone,
         "swap_used": swap is not None,

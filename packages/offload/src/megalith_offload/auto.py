@@ -35,6 +35,7 @@ come back to the device after a warm-up step, under a device budget.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -193,3 +194,16 @@ def choose(costs: Sequence[tuple[int, int]], room: int) -> list[int]:
             out.append(index)
             room -= nbytes
     return out
+
+
+def visit_frac_for(host_seconds_per_param: float, link_seconds_per_param: float) -> float:
+    """OffloadConfig(visit_frac="auto"): the fraction f of host chunks the device updates
+    so that the host cores and the copy engines finish together. The host update of a
+    parameter takes h seconds (its kernel on every host core), a visit l (its master and
+    states up, then down; the two directions run on separate copy engines, so l is the
+    slower one): (1 - f) * h = f * l gives f = h / (h + l). Rounded down to a
+    hundredth, so a fast host keeps every chunk (no device slots taken for nothing)."""
+    h, link = host_seconds_per_param, link_seconds_per_param
+    if not h > 0 or not link > 0:
+        return 0.0
+    return math.floor(100 * h / (h + link)) / 100

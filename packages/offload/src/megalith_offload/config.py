@@ -70,6 +70,8 @@ class OffloadConfig:
         cores ([Note: visiting chunks] in megalith_zero/visit.py): every k-th such chunk,
         spread over the model. The slots, two of the largest chunk's master and states,
         come on top of device_budget_bytes. 0: the host updates every offloaded chunk.
+        "auto": chosen after the first step from what it measured, the host kernel's
+        seconds per parameter and the link's (see megalith_offload.auto.visit_frac_for).
     master_tier: where the fp32 masters of chunks whose states are on NVMe live: "host"
         (the default: host memory, 4 bytes per parameter there) or "nvme": in the
         chunk's states' file, ahead of the states, read and written with them around
@@ -98,7 +100,7 @@ class OffloadConfig:
     param_frac: float = 0.0
     cpu_threads: int | None = None
     param_tier: str = "host"
-    visit_frac: float = 0.0
+    visit_frac: float | str = 0.0
     master_tier: str = "host"
 
     def __post_init__(self) -> None:
@@ -138,8 +140,12 @@ class OffloadConfig:
                 "master_tier='host'"
             )
         vf = self.visit_frac
-        if isinstance(vf, bool) or not isinstance(vf, (int, float)) or not 0 <= vf <= 1:
-            raise ValueError(f"OffloadConfig: visit_frac={vf!r}; expected 0 <= visit_frac <= 1")
+        if vf != "auto" and (
+            isinstance(vf, bool) or not isinstance(vf, (int, float)) or not 0 <= vf <= 1
+        ):
+            raise ValueError(
+                f"OffloadConfig: visit_frac={vf!r}; expected 0 <= visit_frac <= 1 or 'auto'"
+            )
         if self.placement not in PLACEMENTS:
             raise ValueError(
                 f"OffloadConfig: placement={self.placement!r}; expected 'static' or 'auto'"

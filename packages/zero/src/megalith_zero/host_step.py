@@ -28,6 +28,7 @@ import atexit
 import collections
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,6 +72,8 @@ class HostStepper:
             self._down = torch.cuda.Stream(device)
             self._up = torch.cuda.Stream(device)
         self._last_up: torch.cuda.Event | None = None
+        #: the host kernel's time and parameters so far (OffloadConfig(visit_frac="auto"))
+        self.work_seconds, self.work_numel = 0.0, 0
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._jobs: list[_Job] = []
         self._error: BaseException | None = None
@@ -158,7 +161,10 @@ class HostStepper:
             job.copied.synchronize()
         if self._up_done[job.slot] is not None:  # the slot's last parameters went up
             self._up_done[job.slot].synchronize()
+        start = time.perf_counter()
         job.work(grads, params)
+        self.work_seconds += time.perf_counter() - start
+        self.work_numel += n
         shard = job.chunk.shard
         if not self.cuda:
             for sl in job.pieces:

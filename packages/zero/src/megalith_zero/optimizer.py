@@ -20,7 +20,7 @@ from .host_step import HostStepper
 from .loss_scale import DynamicLossScaler
 from .offload import require_offload, swapped_states
 from .rule import Rule
-from .visit import DeviceVisits
+from .visit import DeviceVisits, link_seconds_per_byte
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,13 @@ class ZeroOptimizer:
             self.stepper = HostStepper(host, offloader.host, host[0].shard_grad.device, slots)
         #: host chunks updated on the device (OffloadConfig.visit_frac); made at first use
         self.visits: DeviceVisits | None = None
+        #: the fraction of host chunks the device updates; with visit_frac="auto" 0.0
+        #: until the first step with host updates has been measured (_choose_visit_frac)
+        self.visit_frac: float = 0.0
+        self.visit_timing: tuple[float, float] | None = None
+        self._visit_auto = offloader is not None and offloader.config.visit_frac == "auto"
+        if offloader is not None and not self._visit_auto:
+            self.visit_frac = float(offloader.config.visit_frac)
         self.step_in_backward = config.step_in_backward
         self._stepped_early: set[int] = set()  # ids of chunks stepped by this backward
         self._synced_at_step = 0  # reducer.synced_backwards when step() last ran
@@ -366,7 +373,7 @@ class ZeroOptimizer:
         """Whether the device updates this host chunk (OffloadConfig.visit_frac): every
         k-th of the host chunks whose parameters are on the device, by layout order;
         not during placement="auto"'s warm-up, which measures the plain step."""
-        frac = self.offloader.config.visit_frac if self.offloader is not None else 0.0
+        frac = self.visit_frac
         if not frac or (self.placement is not None and self.placement.pending):
             return False
         if c.tier != "host" or c.params_on_host or c.params_on_nvme:
@@ -472,6 +479,32 @@ class ZeroOptimizer:
             if self.stepper is not None and all(c.tier == "device" for c in self.trainable):
                 self.stepper.close()  # every chunk came back: its host staging goes
                 self.stepper = None
+        if self._visit_auto and self.stepper is not None and self.stepper.work_numel:
+            self._choose_visit_frac()
+
+    def _choose_visit_frac(self) -> None:
+        """OffloadConfig(visit_frac="auto"), once the host kernel has been timed: the
+        fraction that lets host cores and copy engines finish together
+        (megalith_offload.auto.visit_frac_for), from the host kernel's seconds per
+        parameter and the link's, measured on the largest chunk that could visit."""
+        self._visit_auto = False
+        eligible = [
+            c
+            for c in self.trainable
+            if c.tier == "host" and not (c.params_on_host or c.params_on_nvme)
+        ]
+        if not eligible:
+            return
+        host_s = self.stepper.work_seconds / self.stepper.work_numel
+        c = max(eligible, key=lambda x: x.spec.shard_numel)
+        names = self.rule.state_names(self.optimizer.param_groups[c.spec.group])
+        per_byte = link_seconds_per_byte(c.master, c.memory.device)
+        link_s = (
+            per_byte * 4 * (1 + len(names))
+        )  # fp32 master and states, each way  # the master and states each way
+        self.visit_frac = require_offload().auto.visit_frac_for(host_s, link_s)
+        #: (host, link) seconds per parameter behind the choice
+        self.visit_timing = (host_s, link_s)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.reducer.wait()

@@ -23,6 +23,7 @@ host kernel).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -119,3 +120,33 @@ class DeviceVisits:
         if self._last_down is not None:
             self._last_down.synchronize()
         self._last_step = self._last_down = None
+
+
+def link_seconds_per_byte(host: torch.Tensor, device: torch.device) -> float:
+    """Seconds per byte for a visit's copies between `host` memory (a chunk's pinned
+    master) and `device`: the slower of up and down, each timed alone (in a visit they
+    run at once, on separate copy engines). The values come back unchanged. At most
+    PROBE_BYTES are moved; on CPU ranks this times plain copies."""
+    n = min(host.numel(), PROBE_BYTES // host.element_size())
+    src = host[:n]
+    tmp = torch.empty_like(src, device=device)
+    timings = []
+    for dst, s in ((tmp, src), (src, tmp)):  # up, then back down (the same values)
+        dst.copy_(s, non_blocking=True)  # a first, untimed pass: allocator and TLB warm
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            dst.copy_(s, non_blocking=True)
+            end.record()
+            end.synchronize()
+            timings.append(begin.elapsed_time(end) / 1e3)
+        else:
+            start = time.perf_counter()
+            dst.copy_(s)
+            timings.append(time.perf_counter() - start)
+    return max(timings) / (n * src.element_size())
+
+
+#: bytes moved each way by link_seconds_per_byte: enough to reach the link's speed
+PROBE_BYTES = 256 << 20
