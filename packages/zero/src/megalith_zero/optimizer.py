@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -121,6 +122,8 @@ class ZeroOptimizer:
         #: until the first step with host updates has been measured (_choose_visit_frac)
         self.visit_frac: float = 0.0
         self.visit_timing: tuple[float, float] | None = None
+        self._work_mark = (0.0, 0)  # the host stepper's (seconds, params) at the last step
+        self._host_wait_s = 0.0  # step() waiting for the host update, last step
         self._visit_auto = offloader is not None and offloader.config.visit_frac == "auto"
         if offloader is not None and not self._visit_auto:
             self.visit_frac = float(offloader.config.visit_frac)
@@ -280,7 +283,9 @@ class ZeroOptimizer:
                 self._submit_host(c, group, pieces, grad_scale)
                 self.stepper.wait()  # the states are loaded only inside this loop turn
         if self.stepper is not None:
+            start = time.perf_counter()
             self.stepper.wait()
+            self._host_wait_s = time.perf_counter() - start  # the part backward did not hide
         if self.visits is not None:
             self.visits.wait()
         step_stream = self.reducer.streams.step
@@ -474,28 +479,35 @@ class ZeroOptimizer:
         self._synced_at_step = self.reducer.synced_backwards
         self._stats = None
         self._clip_coef = 1.0
-        if self.placement is not None and self.placement.pending:
+        placed = self.placement is None or not self.placement.pending
+        if not placed:
             self.placement.finish(self.group, self.optimizer, self.rule)
             if self.stepper is not None and all(c.tier == "device" for c in self.trainable):
                 self.stepper.close()  # every chunk came back: its host staging goes
                 self.stepper = None
-        if self._visit_auto and self.stepper is not None and self.stepper.work_numel:
-            self._choose_visit_frac()
+        if self._visit_auto and self.stepper is not None:
+            seconds, numel = self.stepper.work_seconds, self.stepper.work_numel
+            if placed and numel > self._work_mark[1]:  # a step as the run will go on
+                self._choose_visit_frac(seconds - self._work_mark[0], numel - self._work_mark[1])
+            self._work_mark = (seconds, numel)
 
-    def _choose_visit_frac(self) -> None:
-        """OffloadConfig(visit_frac="auto"), once the host kernel has been timed: the
-        fraction that lets host cores and copy engines finish together
-        (megalith_offload.auto.visit_frac_for), from the host kernel's seconds per
-        parameter and the link's, measured on the largest chunk that could visit."""
+    def _choose_visit_frac(self, work_s: float, work_numel: int) -> None:
+        """OffloadConfig(visit_frac="auto"), after the first step with host updates in
+        the placement the run keeps: the fraction that lets host cores and copy engines
+        finish together (megalith_offload.auto.visit_frac_for), from the host kernel's
+        seconds per parameter over that step (work_s for work_numel parameters) and the
+        link's, measured on the largest chunk that could visit; none when backward hid
+        all but a tenth of the host kernel's time (no step to gain, device memory to lose)."""
         self._visit_auto = False
         eligible = [
             c
             for c in self.trainable
             if c.tier == "host" and not (c.params_on_host or c.params_on_nvme)
         ]
-        if not eligible:
+        host_s = work_s / work_numel
+        self.visit_timing = (host_s, 0.0)
+        if not eligible or self._host_wait_s < 0.1 * work_s:
             return
-        host_s = self.stepper.work_seconds / self.stepper.work_numel
         c = max(eligible, key=lambda x: x.spec.shard_numel)
         names = self.rule.state_names(self.optimizer.param_groups[c.spec.group])
         per_byte = link_seconds_per_byte(c.master, c.memory.device)
