@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
         (
             lambda: GeminiPlugin(placement_policy="auto", offload_param_frac=0.5),
             ValueError,
-            "use placement_policy='static' to offload parameters",
+            "use placement_policy='static' to choose it",
         ),
         (lambda: GeminiPlugin(offload_optim_frac=1.5), ValueError, "optim_frac=1.5; expected 0 <="),
         (lambda: GeminiPlugin(shard_param_frac=0.5), NotImplementedError, "use 1.0"),
