@@ -46,9 +46,11 @@ class StoreSpec:
     prefix: str | None
     timeout: float
 
-    def client(self) -> Any:
-        """A new connection to the store (the heartbeat thread has its own)."""
-        raw = dist.TCPStore(self.addr, self.port, None, False, timedelta(seconds=self.timeout))
+    def client(self, timeout: float | None = None) -> Any:
+        """A new connection to the store (the heartbeat thread has its own); `timeout`
+        (seconds) instead of the job's."""
+        seconds = self.timeout if timeout is None else timeout
+        raw = dist.TCPStore(self.addr, self.port, None, False, timedelta(seconds=seconds))
         return dist.PrefixStore(self.prefix, raw) if self.prefix else raw
 
     def describe(self) -> str:

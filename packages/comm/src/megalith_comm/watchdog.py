@@ -27,6 +27,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 HEARTBEAT_S = 0.5
 WATCHDOG_GRACE_S = 1.0
+#: the longest one of the heartbeat's store calls may block (its connection's timeout).
+#: stop() waits that long for the thread: a daemon thread still inside a store call when
+#: the interpreter finalizes is ended as the call returns, inside C++ code that cannot
+#: unwind, and the process aborts ("terminate called without an active exception").
+STORE_CALL_S = 5.0
 
 
 class Heartbeat:
@@ -36,7 +41,7 @@ class Heartbeat:
         self._world = world
         self._stop = threading.Event()
         # A connection of its own: the main thread may be using world.store.
-        self._store = world.store_spec.client()
+        self._store = world.store_spec.client(timeout=STORE_CALL_S)
         self._thread = threading.Thread(
             target=self._run, name="megalith_comm-heartbeat", daemon=True
         )
@@ -84,4 +89,4 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=2 * HEARTBEAT_S)
+            self._thread.join(timeout=STORE_CALL_S + 2 * HEARTBEAT_S)
