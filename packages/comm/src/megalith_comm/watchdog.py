@@ -35,22 +35,24 @@ STORE_CALL_S = 5.0
 
 
 class Heartbeat:
-    """A daemon thread: bumps `hb/<rank>`, publishes `progress/<rank>`, watches for failures."""
+    """A thread that bumps `hb/<rank>`, publishes `progress/<rank>` and watches for
+    failures while the main thread runs."""
 
     def __init__(self, world: World):
         self._world = world
         self._stop = threading.Event()
         # A connection of its own: the main thread may be using world.store.
         self._store = world.store_spec.client(timeout=STORE_CALL_S)
-        self._thread = threading.Thread(
-            target=self._run, name="megalith_comm-heartbeat", daemon=True
-        )
+        # Not a daemon: it ends by itself once the main thread has (see _run), and the
+        # interpreter waits for that before it finalizes (STORE_CALL_S).
+        self._thread = threading.Thread(target=self._run, name="megalith_comm-heartbeat")
         self._thread.start()
 
     def _run(self) -> None:
         rank = self._world.rank
         published = None
-        while not self._stop.is_set():
+        main = threading.main_thread()
+        while not self._stop.is_set() and main.is_alive():
             try:
                 self._store.add(f"{PREFIX}hb/{rank}", 1)
                 try:  # the main thread may be adding a group right now
