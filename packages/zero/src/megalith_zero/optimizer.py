@@ -239,6 +239,10 @@ class ZeroOptimizer:
     @torch.no_grad()
     def step(self) -> bool:
         """One update of the shards; False when fp16 overflow skipped it."""
+        # The update runs here, not in the wrapped optimizer's step(): say it was called,
+        # as its step() would, or an LR scheduler built on it warns at its first step that
+        # it ran before the optimizer's.
+        self.optimizer._opt_called = True
         if self.deferred is not None:  # a step with no forward since the last one
             self.deferred.wait_all()
         _, bad, used = self._grad_stats(norm=self.scaler is not None)
