@@ -43,3 +43,25 @@ def test_cli_offload(tmp_path, tier):
     assert "lr_scheduler.step()` before `optimizer.step()" not in out.stderr, out.stderr[-2000:]
     assert (tmp_path / "off" / "checkpoints" / "step_000004").is_dir()
     assert swap.is_dir() and not list(swap.glob("megalith-swap-*")), list(swap.iterdir())
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("plugin", ["zero2", "gemini"])
+def test_cli_offload_auto(tmp_path, plugin):
+    """--offload auto on CPU ranks with a simulated device of 1 GB: everything fits, so
+    after the warm-up step every chunk (and at stage 3 every parameter shard) is back."""
+    words = ["--offload", "auto", "--device-budget-gb", "1", "--plugin", plugin, "--steps", "4"]
+    words += ["--batch-size", "4", "--seq-len", "32", "--eval-every", "4", "--eval-batches", "1"]
+    out = subprocess.run(
+        [*CLI, *words, "--out", str(tmp_path), "--name", "auto", "--nproc", "2"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert f"plugin {plugin} (offload auto)" in out.stdout
+    (line,) = [x for x in out.stdout.splitlines() if "offloaded / rank" in x]
+    n = re.search(r"auto placement: (\d+) of (\d+) chunks back on the device", line)
+    assert n and n[1] == n[2], line
+    assert ("parameter shards" in line) == (plugin == "gemini"), line
+    assert "host:" not in line, line  # nothing left on the host, its staging freed too

@@ -35,6 +35,19 @@ def _check(args: argparse.Namespace, world_size: int) -> None:
             f"megalith train: --swap-dir {args.swap_dir} is for --offload nvme "
             f"(got --offload {args.offload})"
         )
+    if args.device_budget_gb is not None and args.offload != "auto":
+        raise SystemExit(
+            f"megalith train: --device-budget-gb is for --offload auto (got --offload {args.offload})"
+        )
+    if args.offload == "auto" and args.device_budget_gb is None and not torch.cuda.is_available():
+        raise SystemExit(
+            "megalith train: --offload auto on CPU ranks needs --device-budget-gb (the "
+            "simulated device's memory); on a GPU it defaults to the GPU's memory"
+        )
+    if args.device_budget_gb is not None and not args.device_budget_gb > 0:
+        raise SystemExit(
+            f"megalith train: --device-budget-gb {args.device_budget_gb}; expected a positive size"
+        )
     if args.nvme_masters and args.offload != "nvme":
         raise SystemExit(
             f"megalith train: --nvme-masters is for --offload nvme (got --offload {args.offload})"
@@ -150,6 +163,14 @@ def _plugin(args: argparse.Namespace, precision: str, run_dir: Path, name: str) 
     early = args.max_norm <= 0 and precision != "fp16"
     if args.offload == "cpu":
         plugin.set_offload(tier="host", step_in_backward=early)
+    elif args.offload == "auto":
+        budget = args.device_budget_gb
+        plugin.set_offload(
+            tier="host",
+            placement="auto",
+            step_in_backward=early,
+            device_budget_bytes=None if budget is None else int(budget * 1e9),
+        )
     else:
         plugin.set_offload(
             tier="nvme",
@@ -283,9 +304,18 @@ def _offload_words(args: argparse.Namespace) -> str:
 def _offloaded(model: Any) -> str | None:
     """Where this rank's offloaded training state is, from the ZeRO model's memory
     report: "host: master 1.2 MiB, optim_states 2.3 MiB, staging 4.0 MiB; nvme: ..."."""
-    report = getattr(getattr(model, "module", None), "memory_report", None)
+    zmodel = getattr(model, "module", None)
+    report = getattr(zmodel, "memory_report", None)
     if report is None:
         return None
+    placement = getattr(zmodel, "placement", None)
+    placed = ""
+    if placement is not None and placement.room is not None:  # --offload auto
+        chunks = sum(c.trainable for c in zmodel.chunks)
+        placed = f"auto placement: {len(placement.moved)} of {chunks} chunks back on the device"
+        if placement.params_moved:
+            n = len(placement.params_moved)
+            placed += f" (and {n} parameter shard{'' if n == 1 else 's'})"
     tiers: dict[str, dict[str, int]] = {}
     for key, usage in report().items():
         kind, at, tier = key.partition("@")
@@ -294,10 +324,11 @@ def _offloaded(model: Any) -> str | None:
         kind = "staging" if "staging" in kind else kind
         kinds = tiers.setdefault(tier, {})
         kinds[kind] = kinds.get(kind, 0) + usage.current_bytes
-    return "; ".join(
+    where = "; ".join(
         f"{tier}: " + ", ".join(f"{k} {human_bytes(v)}" for k, v in kinds.items())
         for tier, kinds in tiers.items()
     )
+    return "; ".join(x for x in (where, placed) if x) or None
 
 
 def _summary(

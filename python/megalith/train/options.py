@@ -12,9 +12,18 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--offload",
         default="none",
-        choices=("none", "cpu", "nvme"),
-        help="where optimizer states and fp32 masters live: cpu (host memory) or nvme "
-        "(files under --swap-dir); needs megalith-offload, runs ddp as zero2 (default: none)",
+        choices=("none", "cpu", "nvme", "auto"),
+        help="where optimizer states and fp32 masters live: cpu (host memory), nvme "
+        "(files under --swap-dir), or auto (the first step runs with them on the host, "
+        "then what fits --device-budget-gb comes back to the device; with --plugin gemini "
+        "parameter shards too); needs megalith-offload, runs ddp as zero2 (default: none)",
+    )
+    p.add_argument(
+        "--device-budget-gb",
+        type=float,
+        default=None,
+        help="with --offload auto: the device memory (GB) the step may use; default: the "
+        "GPU's; required on CPU ranks (a simulated device)",
     )
     p.add_argument(
         "--swap-dir",
