@@ -27,6 +27,8 @@ def test_host_offload_on_cuda_matches_device(stage, tmp_path):
         Case(stage=stage, eager=True, steps=10, device="cuda"),  # device chunks, step stream
         # half the host chunks updated on the GPU, their states streamed through slots
         Case(stage=stage, tier="host", eager=True, visit_frac=0.5, steps=10, device="cuda"),
+        # the fraction chosen from step 1's host-kernel and link timings
+        Case(stage=stage, tier="host", visit_frac="auto", steps=10, device="cuda"),
     ]
     if stage == 3:  # parameter shards in pinned host memory, copied up per gather
         cases.append(
@@ -69,4 +71,9 @@ def test_host_offload_on_cuda_matches_device(stage, tmp_path):
         if case.param_frac:
             kind = "params@nvme" if case.param_tier == "nvme" else "params@host"
             assert r["report"][kind][0] > 0, r["report"]
-        assert r["visits_ran"] == bool(case.visit_frac), case
+        assert r["visits_ran"] == bool(r["visit_frac"]), case
+        if case.visit_frac == "auto":
+            print(
+                f"stage {stage}: visit_frac auto -> {r['visit_frac']}, timing {r['visit_timing']}"
+            )
+            assert r["visit_timing"][0] > 0, r["visit_timing"]
