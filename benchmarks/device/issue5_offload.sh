@@ -8,7 +8,7 @@
 # of ANCHORS, micro-batch 1: states of the first chunks on the GPU up to DEVICE_GB_12B, the
 # rest on the host, whose gradients come first in backward, so their update overlaps it),
 # largest (57 layers of d5120, 18.2B: states on the GPU up to DEVICE_GB, then host memory up
-# to HOST_GB with the masters, then NVMe under SWAP; sized with benchmarks/zero/offload_plan.py
+# to HOST_GB with the masters, then NVMe under SWAP; sized with `megalith plan`
 # for the H200 box: 133 GB of GPU before activations, 109 GB host, 55 GB NVMe).
 source "$(dirname "$0")/setup.sh"
 build comm zero pipeline offload
@@ -32,7 +32,7 @@ for section in ${SECTIONS:-gpt1p3b gpt6p7b gpt12b}; do
         --optim-frac 0 --device-budget-gb "${DEVICE_GB_12B:-73}" --modes zero2-offload --visit-frac "$v"
     done ;;
   largest-host)  # the largest with CPU offload alone, no NVMe: 44 layers of d5120, 14.1B
-    # (offload_plan.py: GPU 125-130 GB before activations, host 100 GB)
+    # (megalith plan: GPU 125-130 GB before activations, host 100 GB)
     bench largest-host_zero2-offload 360 --model gpt-13b --layers "${LAYERS_HOST:-44}" --ckpt \
       --batch 1 --steps 3 --warmup 0 --init-dtype bf16 --tier host --optim-frac 0 \
       --device-budget-gb "${DEVICE_GB_HOST:-74}" --host-budget-gb "${HOST_GB:-110}" \
@@ -45,7 +45,7 @@ for section in ${SECTIONS:-gpt1p3b gpt6p7b gpt12b}; do
       --swap-dir "${SWAP:-/tmp/swap}" --modes zero2-offload
     df -h "${SWAP:-/tmp/swap}" | tail -1 ;;
   largest-nvme-masters)  # the same 18.2B with the NVMe chunks' fp32 masters in their files
-    # (offload_plan.py --master-tier nvme: 24 chunks on the GPU, 40 on the host, 23 on NVMe,
+    # (megalith plan --master-tier nvme: 24 chunks on the GPU, 40 on the host, 23 on NVMe,
     # 57.9 GB of files; the box's 64 GiB disk, not its host RAM, bounds the model then)
     mkdir -p "${SWAP:-/tmp/swap}"
     bench largest-nm_zero2-offload "${LIMIT_LARGEST:-420}" --model gpt-13b --layers "${LAYERS:-57}" \

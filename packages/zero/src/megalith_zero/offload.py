@@ -54,6 +54,18 @@ def make_offloader(
     if config.offload is None:
         return None, {}
     mo = require_offload()
+    costs, index = chunk_costs(config, layout, optimizer, rule)
+    # Pinned host memory only pays off (and only exists) beside a GPU.
+    pinned = None if device.type == "cuda" else False
+    return mo.Offloader(config.offload, costs, rank, pinned, warmup_param_frac(config)), index
+
+
+def chunk_costs(
+    config: ZeroConfig, layout: Layout, optimizer: torch.optim.Optimizer, rule: Rule
+) -> tuple[list[Any], dict[int, int]]:
+    """(megalith_offload.ChunkCost per trainable chunk, plan index per chunk index): the
+    bytes each chunk's training state takes on each tier."""
+    mo = require_offload()
     mixed = config.param_dtype != torch.float32
     wd = torch.empty((), dtype=config.param_dtype).element_size()
     rd = torch.empty((), dtype=config.grad_reduce_dtype).element_size()
@@ -74,12 +86,14 @@ def make_offloader(
                 params=s * wd,
             )
         )
-    # Pinned host memory only pays off (and only exists) beside a GPU.
-    pinned = None if device.type == "cuda" else False
-    # automatic placement at stage 3: the warm-up runs with every parameter shard on the
-    # host too (static full offload), see params_offloadable
-    frac = 1.0 if params_offloadable(config) else None
-    return mo.Offloader(config.offload, costs, rank, pinned, frac), index
+    return costs, index
+
+
+def warmup_param_frac(config: ZeroConfig) -> float | None:
+    """The param_frac the plan starts from instead of the config's: automatic placement
+    at stage 3 runs its warm-up with every parameter shard on the host too (static full
+    offload), see params_offloadable; None: the config's."""
+    return 1.0 if params_offloadable(config) else None
 
 
 def params_offloadable(config: ZeroConfig) -> bool:
@@ -164,15 +178,27 @@ def auto_budget(config: ZeroConfig, layout: Layout, device: torch.device) -> int
         return None
     mo = require_offload()
     budget = mo.auto.device_budget(config.offload.device_budget_bytes, device)
+    movable = params_offloadable(config)
+    kept = resident_state(config, layout, lambda spec: movable and spec.group >= 0)
+    mo.auto.check_resident(budget, mo.auto.Resident(*kept))
+    return budget
+
+
+def resident_state(
+    config: ZeroConfig, layout: Layout, shard_offloaded: Callable[[Any], bool]
+) -> tuple[int, int, int, int, int, int]:
+    """Device bytes of the model state no optimizer-state placement moves, per rank:
+    (working params, gradients, the largest chunk's gradients in flight, the largest
+    gathered chunk (stage 3), and the smallest trainable chunk's share of those with its
+    index). shard_offloaded(chunk spec): its parameter shard is off the device."""
     wd = torch.empty((), dtype=config.param_dtype).element_size()
     rd = torch.empty((), dtype=config.grad_reduce_dtype).element_size()
     stage = config.stage
     params = grads = in_flight = gathered = 0
     one: tuple[int, int] | None = None
-    movable_params = params_offloadable(config)
     for spec in layout.chunks:
         n, s, trains = spec.numel, spec.shard_numel, spec.group >= 0
-        p = 0 if movable_params and trains else (s if stage == 3 else n) * wd
+        p = 0 if shard_offloaded(spec) else (s if stage == 3 else n) * wd
         g = ((n if stage == 1 else s) * rd) if trains else 0
         f = n * rd if trains and stage > 1 else 0
         q = n * wd if stage == 3 else 0
@@ -181,10 +207,7 @@ def auto_budget(config: ZeroConfig, layout: Layout, device: torch.device) -> int
         if trains and (one is None or p + g + f + q < one[0]):
             one = (p + g + f + q, spec.index)
     one = one or (0, -1)
-    mo.auto.check_resident(
-        budget, mo.auto.Resident(params, grads, in_flight, gathered, one[0], one[1])
-    )
-    return budget
+    return params, grads, in_flight, gathered, one[0], one[1]
 
 
 class AutoPlacement:

@@ -1,0 +1,129 @@
+"""`megalith plan`: where ZeRO and its offloading would put a model's training state, and
+whether it fits, before any GPU time is spent. Nothing is allocated: the model is built
+on the meta device.
+
+    megalith plan --model gpt-6.7b --stage 2 --offload host
+    megalith plan --model gpt-13b --layers 57 --offload host+nvme \\
+        --device-budget-gb 60 --host-budget-gb 110 --gpu-gb 139
+
+Per rank: the chunks per tier, the device bytes by kind (working params, gradients,
+gathered chunks, masters and optimizer states), host and NVMe bytes. Activations come
+on top of the device figure (`--offload auto` measures them in its warm-up step).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+GB = 1e9
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "plan",
+        help="where a model's training state would go (GPU, host, NVMe), without a GPU",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", default="gpt-1.3b", help="a megalith.models preset")
+    p.add_argument("--layers", type=int, default=0, help="override the preset's layer count")
+    p.add_argument("--stage", type=int, default=2, choices=(1, 2, 3), help="ZeRO stage")
+    p.add_argument("--world", type=int, default=1, help="data-parallel ranks (default: 1)")
+    p.add_argument("--precision", default="bf16", choices=("fp32", "bf16", "fp16"))
+    p.add_argument(
+        "--offload",
+        default="none",
+        choices=("none", "host", "nvme", "host+nvme", "auto"),
+        help="the tier of offloaded masters and states (auto: the warm-up's placement)",
+    )
+    p.add_argument("--optim-frac", type=float, default=1.0, help="chunks offloaded (static)")
+    p.add_argument("--param-frac", type=float, default=0.0, help="stage 3 shards offloaded")
+    p.add_argument("--param-tier", default="host", choices=("host", "nvme"))
+    p.add_argument("--master-tier", default="host", choices=("host", "nvme"))
+    p.add_argument("--device-budget-gb", type=float, default=None)
+    p.add_argument("--host-budget-gb", type=float, default=None)
+    p.add_argument(
+        "--gpu-gb", type=float, default=None, help="say whether the device bytes fit this much"
+    )
+    p.set_defaults(func=run)
+    return p
+
+
+def _gb(value: float | None) -> int | None:
+    return None if value is None else int(value * GB)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from megalith import models
+
+    try:
+        import megalith_zero as zero
+        from megalith_zero.estimate import estimate
+    except ImportError:
+        raise SystemExit("megalith plan: needs megalith-zero: pip install megalith-zero") from None
+    if args.world < 1:
+        raise SystemExit(f"megalith plan: --world {args.world}; expected >= 1")
+    offload = None
+    if args.offload != "none":
+        try:
+            from megalith_offload import OffloadConfig
+        except ImportError:
+            raise SystemExit(
+                f"megalith plan: --offload {args.offload} needs megalith-offload: "
+                "pip install megalith-offload"
+            ) from None
+        auto = args.offload == "auto"
+        try:
+            offload = OffloadConfig(
+                tier="host" if auto else args.offload,
+                placement="auto" if auto else "static",
+                optim_frac=1.0 if auto else args.optim_frac,
+                param_frac=args.param_frac,
+                param_tier=args.param_tier,
+                master_tier=args.master_tier,
+                device_budget_bytes=_gb(args.device_budget_gb) if not auto else None,
+                host_budget_bytes=_gb(args.host_budget_gb),
+            )
+        except ValueError as e:
+            raise SystemExit(f"megalith plan: {e}") from None
+    overrides = {"n_layers": args.layers} if args.layers else {}
+    model = models.create(args.model, **overrides)  # meta: nothing allocated
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    config = zero.ZeroConfig(stage=args.stage, precision=args.precision, offload=offload)
+    try:
+        e = estimate(model, optimizer, config, args.world)
+    except ValueError as err:  # a budget the plan cannot meet says by how much
+        raise SystemExit(f"megalith plan: {err}") from None
+    print(_report(args, e))
+    if args.gpu_gb is not None and e.device_bytes > args.gpu_gb * GB:
+        return 1
+    return 0
+
+
+def _report(args: argparse.Namespace, e) -> str:
+    where = f"ZeRO-{args.stage} at {args.world} rank(s), {args.precision}"
+    if args.offload != "none":
+        where += f", offload {args.offload}"
+    lines = [
+        f"{args.model}: {e.params / 1e9:.2f}B parameters in {e.chunks} chunks of up to "
+        f"{e.chunk_bytes / 2**20:.0f} MiB; {where}",
+        "chunks' masters and states per tier: " + ", ".join(f"{t} {n}" for t, n in e.tiers.items()),
+        f"per rank: device {e.device_bytes / GB:.1f} GB ("
+        + ", ".join(f"{k} {v / GB:.1f}" for k, v in e.device.items() if v)
+        + f"), host {e.host_bytes / GB:.1f} GB, NVMe {e.nvme_bytes / GB:.1f} GB",
+        "activations and allocator slack come on top of the device figure",
+    ]
+    if args.gpu_gb is not None:
+        left = args.gpu_gb - e.device_bytes / GB
+        verdict = (
+            f"fits, {left:.1f} GB left for activations"
+            if left >= 0
+            else (
+                f"does not fit: {-left:.1f} GB over; offload more (--offload, --optim-frac, "
+                "--param-frac at stage 3) or add ranks (--world)"
+            )
+        )
+        lines.append(f"on a {args.gpu_gb:g} GB device: {verdict}")
+    return "\n".join(lines)
