@@ -385,15 +385,20 @@ class ZeroOptimizer:
         frac = self.visit_frac
         if not frac or (self.placement is not None and self.placement.pending):
             return False
-        if c.tier != "host" or c.params_on_host or c.params_on_nvme:
+        eligible = self._visit_candidates()
+        if c not in eligible:
             return False
-        eligible = [
-            x.spec.index
-            for x in self.trainable
-            if x.tier == "host" and not (x.params_on_host or x.params_on_nvme)
-        ]
-        j = eligible.index(c.spec.index)
+        j = eligible.index(c)
         return math.floor((j + 1) * frac + 1e-9) > math.floor(j * frac + 1e-9)
+
+    def _visit_candidates(self) -> list[FlatChunk]:
+        """The host chunks the device could update, in layout order: those whose working
+        parameters are on the device (its kernel writes them in place)."""
+        return [
+            c
+            for c in self.trainable
+            if c.tier == "host" and not (c.params_on_host or c.params_on_nvme)
+        ]
 
     def _device_visits(self) -> DeviceVisits:
         if self.visits is None:
@@ -503,11 +508,7 @@ class ZeroOptimizer:
         link's, measured on the largest chunk that could visit; none when backward hid
         all but a tenth of the host kernel's time (no step to gain, device memory to lose)."""
         self._visit_auto = False
-        eligible = [
-            c
-            for c in self.trainable
-            if c.tier == "host" and not (c.params_on_host or c.params_on_nvme)
-        ]
+        eligible = self._visit_candidates()
         host_s = work_s / work_numel
         self.visit_timing = (host_s, 0.0)
         if not eligible or self._host_wait_s < 0.1 * work_s:
