@@ -189,5 +189,10 @@ def test_visit_frac_balances_host_and_link():
     assert visit_frac_for(1e-12, 1.0) == 0.0  # a fast host keeps every chunk
     assert visit_frac_for(0.0, 1.0) == visit_frac_for(1.0, 0.0) == 0.0  # nothing measured
     assert OffloadConfig(visit_frac="auto").visit_frac == "auto"
+    from megalith_offload.auto import host_update_binds
+
+    assert host_update_binds(0.0, 1.65, 1.65)  # kernel hidden from step(), not from the GPU
+    assert host_update_binds(0.3, 1.0, 3.0)  # step() waited for part of the kernel
+    assert not host_update_binds(0.05, 1.0, 3.0)  # backward hid the update
     with pytest.raises(ValueError, match="visit_frac='some'; expected 0 <= visit_frac <= 1 or"):
         OffloadConfig(visit_frac="some")

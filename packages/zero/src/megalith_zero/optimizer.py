@@ -124,6 +124,7 @@ class ZeroOptimizer:
         self.visit_timing: tuple[float, float] | None = None
         self._work_mark = (0.0, 0)  # the host stepper's (seconds, params) at the last step
         self._host_wait_s = 0.0  # step() waiting for the host update, last step
+        self._step_end_s: float | None = None  # perf_counter() at the last step's end
         self._visit_auto = offloader is not None and offloader.config.visit_frac == "auto"
         if offloader is not None and not self._visit_auto:
             self.visit_frac = float(offloader.config.visit_frac)
@@ -496,30 +497,33 @@ class ZeroOptimizer:
                 self.stepper = None
         if self._visit_auto and self.stepper is not None:
             seconds, numel = self.stepper.work_seconds, self.stepper.work_numel
-            if placed and numel > self._work_mark[1]:  # a step as the run will go on
-                self._choose_visit_frac(seconds - self._work_mark[0], numel - self._work_mark[1])
-            self._work_mark = (seconds, numel)
+            now, last = time.perf_counter(), self._step_end_s
+            # a whole step as the run will go on (from the end of the last one)
+            if placed and numel > self._work_mark[1] and last is not None:
+                self._choose_visit_frac(
+                    seconds - self._work_mark[0], numel - self._work_mark[1], now - last
+                )
+            self._work_mark, self._step_end_s = (seconds, numel), now
 
-    def _choose_visit_frac(self, work_s: float, work_numel: int) -> None:
-        """OffloadConfig(visit_frac="auto"), after the first step with host updates in
-        the placement the run keeps: the fraction that lets host cores and copy engines
-        finish together (megalith_offload.auto.visit_frac_for), from the host kernel's
-        seconds per parameter over that step (work_s for work_numel parameters) and the
-        link's, measured on the largest chunk that could visit; none when backward hid
-        all but a tenth of the host kernel's time (no step to gain, device memory to lose)."""
+    def _choose_visit_frac(self, work_s: float, work_numel: int, period_s: float) -> None:
+        """OffloadConfig(visit_frac="auto"), after the first whole step with host updates
+        in the placement the run keeps: the fraction that lets host cores and copy
+        engines finish together (megalith_offload.auto.visit_frac_for), from the host
+        kernel's seconds per parameter over that step (work_s for work_numel parameters)
+        and the link's, measured on the largest chunk that could visit; none when the
+        host update was off the step's critical path (auto.host_update_binds)."""
         self._visit_auto = False
         eligible = self._visit_candidates()
         host_s = work_s / work_numel
         self.visit_timing = (host_s, 0.0)
-        if not eligible or self._host_wait_s < 0.1 * work_s:
+        auto = require_offload().auto
+        if not eligible or not auto.host_update_binds(self._host_wait_s, work_s, period_s):
             return
         c = max(eligible, key=lambda x: x.spec.shard_numel)
         names = self.rule.state_names(self.optimizer.param_groups[c.spec.group])
         per_byte = link_seconds_per_byte(c.master, c.memory.device)
-        link_s = (
-            per_byte * 4 * (1 + len(names))
-        )  # fp32 master and states, each way  # the master and states each way
-        self.visit_frac = require_offload().auto.visit_frac_for(host_s, link_s)
+        link_s = per_byte * 4 * (1 + len(names))  # the fp32 master and states, each way
+        self.visit_frac = auto.visit_frac_for(host_s, link_s)
         #: (host, link) seconds per parameter behind the choice
         self.visit_timing = (host_s, link_s)
 
