@@ -47,6 +47,6 @@ bench 1p3b_zero3_keep 120 --batch 16 --steps 6 --warmup 2 --modes zero3 --keep-g
 bench 6p7b_auto 240 --model gpt-6.7b --ckpt --batch 8 --steps 3 --warmup 2 --modes zero2-offload \
   --placement auto
 log host-adam
-timeout 150 taskset -c "$CORES" python3 benchmarks/optim/host_adam_large.py --threads 16 \
+timeout 150 taskset -c "${CORES:-0-15}" python3 benchmarks/optim/host_adam_large.py --threads 16 \
   --out "$OUT/host_adam.jsonl" 2>&1 | tail -10
 log done
