@@ -3,13 +3,14 @@
 # under ZeRO-2, ZeRO-3, FSDP2 and tp with and without sequence parallelism on every GPU
 # (runs 2 and 5; one JSON line per run in $OUT/llama7b.jsonl), engine NCCL collectives
 # beside torch's (run 1), a checkpoint saved on N GPUs resumed on N/2 (run 4) and the
-# pipeline schedules on every GPU (run 3). SECTIONS picks and orders the parts, MODES the
+# pipeline schedules on every GPU (run 3), and on 4 GPUs or more HybridParallelPlugin's
+# tp 2 x pp 2 x dp layout (run 5). SECTIONS picks and orders the parts, MODES the
 # llama runs; a call that must stay inside the device's 10 minutes does a few of them.
 source "$(dirname "$0")/setup.sh"
 build comm zero pipeline offload
 N=$(nvidia-smi -L | wc -l)
 torchrun_n() { local n=$1; shift; timeout "$LIMIT" python3 -m torch.distributed.run --nproc_per_node "$n" "$@" 2>&1 | grep -v "^W"; }
-for section in ${SECTIONS:-llama comm reshard pipeline}; do
+for section in ${SECTIONS:-llama hybrid comm reshard pipeline}; do
   case $section in
   comm)
     log "collectives on $N GPUs"
@@ -30,6 +31,12 @@ for section in ${SECTIONS:-llama comm reshard pipeline}; do
       LIMIT=300 torchrun_n "$n" benchmarks/multi_gpu/reshard_resume.py --phase "$phase" \
         --dir /tmp/reshard | tail -2 | tee -a "$OUT/reshard.jsonl"
     done ;;
+  hybrid)  # HybridParallelPlugin tp 2 x pp 2 x dp (the rest) on 4 or more GPUs (run 5)
+    [ "$N" -ge 4 ] || { log "hybrid: needs 4 GPUs or more, $N here"; continue; }
+    log "llama: tp 2 x pp 2 x dp $((N / 4)) on $N GPUs"
+    LIMIT=${RUN_LIMIT:-300} torchrun_n "$N" benchmarks/multi_gpu/zero_vs_fsdp2.py --mode hybrid \
+      --tp 2 --pp 2 --microbatches 4 --model "${MODEL:-llama-7b}" --batch "${HYBRID_BATCH:-8}" \
+      --seq 2048 --ckpt --out "$OUT/llama7b.jsonl" | tail -3 ;;
   pipeline)
     log "pipeline schedules on $N GPUs"
     LIMIT=300 torchrun_n "$N" benchmarks/multi_gpu/pipeline_gpu.py --out "$OUT/pipeline.jsonl" | tail -30 ;;

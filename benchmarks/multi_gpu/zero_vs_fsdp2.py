@@ -3,7 +3,10 @@ every GPU of the host, beside torch FSDP2 (fully_shard per block and at the root
 parameters and fp32 gradient reduction) on the same model, batch and data; and the same
 model tensor-parallel over every GPU (HybridParallelPlugin, with and without sequence
 parallelism; the group trains one batch of --batch sequences, whose tokens per second
-are divided by the GPUs, so every mode reports tokens/s per GPU). zero2-early and
+are divided by the GPUs, so every mode reports tokens/s per GPU). hybrid is
+HybridParallelPlugin's --tp x --pp x dp layout (dp the rest of the world, ZeRO-1 over
+it): each replica of tp x pp GPUs trains --batch sequences per step in --microbatches
+micro-batches (1F1B), its tokens/s divided by its GPUs. zero2-early and
 zero3-early update each chunk during backward (ZeroConfig.step_in_backward: nothing here
 clips); zero2-overlap also leaves the parameter all-gathers to the next forward
 (overlap_param_gather). compute is the floor of them all: the bf16 forward and backward
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -32,7 +36,17 @@ from megalith import models
 from megalith.models.counting import mfu
 
 
-def build_step(mode: str, model: torch.nn.Module, lr: float):
+@dataclass(frozen=True)
+class Layout:
+    """--mode hybrid: tensor- and pipeline-parallel sizes (data parallel is the rest of
+    the world) and the micro-batches each pipeline step splits its batch into."""
+
+    tp: int = 1
+    pp: int = 1
+    microbatches: int = 4
+
+
+def build_step(mode: str, model: torch.nn.Module, lr: float, layout: Layout = Layout()):
     if mode in ("zero2", "zero3", "zero2-early", "zero3-early", "zero2-overlap"):
         import megalith_zero as zero
 
@@ -112,9 +126,36 @@ def build_step(mode: str, model: torch.nn.Module, lr: float):
             return loss
 
         return step
+    if mode == "hybrid":  # HybridParallelPlugin tp x pp x dp (issue 8, run 5 on 8 GPUs)
+        from megalith.booster import Booster
+        from megalith.booster.plugin import HybridParallelPlugin
+
+        plugin = HybridParallelPlugin(
+            tp_size=layout.tp,
+            pp_size=layout.pp,
+            num_microbatches=layout.microbatches,
+            zero_stage=1,
+            precision="bf16",
+        )
+        booster = Booster(plugin=plugin)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=torch.cuda.is_available())
+        net, opt, *_ = booster.boost(model, opt)
+        dp_group = plugin.mesh.group("dp")
+
+        def step(ids):
+            batch = {"input_ids": ids, "labels": ids}
+            out = booster.execute_pipeline(iter([batch]), net, lambda o, _: o.loss, opt)
+            opt.step()
+            opt.zero_grad()
+            loss = out["loss"].detach().reshape(1).float()  # the batch's, on every rank
+            comm.all_reduce(loss, op="avg", group=dp_group)
+            return loss[0]
+
+        step.dp_rank = plugin.dp_rank_size[0]
+        return step
     raise ValueError(
         f"--mode {mode!r}: expected zero2, zero3, zero2-early, zero3-early, zero2-overlap, "
-        "fsdp2, tp, tp-sp, compute"
+        "fsdp2, tp, tp-sp, hybrid, compute"
     )
 
 
@@ -128,6 +169,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--ckpt", action="store_true", help="activation checkpointing")
     ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--tp", type=int, default=2, help="--mode hybrid: tensor-parallel size")
+    ap.add_argument("--pp", type=int, default=2, help="--mode hybrid: pipeline stages")
+    ap.add_argument(
+        "--microbatches", type=int, default=4, help="--mode hybrid: micro-batches per step"
+    )
     ap.add_argument("--peak", type=float, default=989e12, help="peak FLOP/s per device")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
@@ -138,10 +184,12 @@ def main() -> None:
     model = models.create(
         a.model, device=dev, seed=0, activation_checkpointing=a.ckpt, max_seq_len=max(a.seq, 8)
     )
-    step = build_step(a.mode, model, a.lr)
-    # each rank its own data; under tp every rank of the group the same
+    step = build_step(a.mode, model, a.lr, Layout(a.tp, a.pp, a.microbatches))
+    # each rank its own data; under tp every rank of the group the same, under hybrid
+    # every rank of a data-parallel replica (tp x pp GPUs) the same
     same = a.mode.startswith("tp")
-    g = torch.Generator(device=dev).manual_seed(1000 + (0 if same else world.rank))
+    replica = getattr(step, "dp_rank", 0 if same else world.rank)
+    g = torch.Generator(device=dev).manual_seed(1000 + replica)
     vocab = model.config.vocab_size
     batches = [torch.randint(0, vocab, (a.batch, a.seq), device=dev, generator=g) for _ in range(2)]
     losses = []
@@ -158,14 +206,17 @@ def main() -> None:
         torch.cuda.synchronize()
     comm.barrier()
     dt = (time.perf_counter() - t0) / a.steps
-    # under tp the whole group trains one batch: its tokens are shared by the GPUs
-    tps = a.batch * a.seq / dt / (world.world_size if same else 1)
+    # under tp the whole group trains one batch, under hybrid each replica of tp x pp
+    # GPUs: its tokens are shared by the GPUs
+    share = world.world_size if same else a.tp * a.pp if a.mode == "hybrid" else 1
+    tps = a.batch * a.seq / dt / share
     free, total = torch.cuda.mem_get_info() if cuda else (0, 0)
     row = {
         "mode": a.mode,
         "model": a.model,
         "world": world.world_size,
         "batch_per_gpu": a.batch,
+        **({"tp": a.tp, "pp": a.pp, "microbatches": a.microbatches} if a.mode == "hybrid" else {}),
         "seq": a.seq,
         "ckpt": a.ckpt,
         "tokens_per_s_per_gpu": round(tps, 1),
