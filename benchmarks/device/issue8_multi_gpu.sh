@@ -5,7 +5,8 @@
 # beside torch's (run 1), a checkpoint saved on N GPUs resumed on N/2 (run 4) and the
 # pipeline schedules on every GPU (run 3), and on 4 GPUs or more HybridParallelPlugin's
 # tp 2 x pp 2 x dp layout (run 5). SECTIONS picks and orders the parts, MODES the
-# llama runs; a call that must stay inside the device's 10 minutes does a few of them.
+# llama runs (PROFILE=1: one more step of each under torch.profiler, $OUT/profile); a
+# call that must stay inside the device's 10 minutes does a few of them.
 source "$(dirname "$0")/setup.sh"
 build comm zero pipeline offload
 N=$(nvidia-smi -L | wc -l)
@@ -22,7 +23,7 @@ for section in ${SECTIONS:-llama hybrid comm reshard pipeline}; do
       log "llama: $m on $N GPUs"
       LIMIT=${RUN_LIMIT:-300} torchrun_n "$N" benchmarks/multi_gpu/zero_vs_fsdp2.py --mode "$m" \
         --model "${MODEL:-llama-7b}" --batch "${BATCH:-4}" --seq 2048 --ckpt \
-        --out "$OUT/llama7b.jsonl" | tail -3
+        ${PROFILE:+--profile "$OUT/profile"} --out "$OUT/llama7b.jsonl" | tail -3
     done ;;
   reshard)
     log "checkpoint saved on $N GPUs, resumed on $((N / 2))"

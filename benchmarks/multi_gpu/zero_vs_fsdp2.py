@@ -28,6 +28,7 @@ import argparse
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -176,6 +177,9 @@ def main() -> None:
     )
     ap.add_argument("--peak", type=float, default=989e12, help="peak FLOP/s per device")
     ap.add_argument("--out", default="")
+    ap.add_argument(
+        "--profile", default="", help="a folder: one more step under torch.profiler (CUDA)"
+    )
     a = ap.parse_args()
     comm.init()
     world = comm.get_world()
@@ -206,6 +210,14 @@ def main() -> None:
         torch.cuda.synchronize()
     comm.barrier()
     dt = (time.perf_counter() - t0) / a.steps
+    profiled = None
+    if a.profile and cuda:  # after the timing, so it does not slow the timed steps
+        from profile_step import profile_step
+
+        path = Path(a.profile) / f"{a.mode}_rank{world.rank}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kinds = profile_step(lambda: step(batches[0]), path)
+        profiled = {k: round(v, 4) for k, v in kinds.items()}
     # under tp the whole group trains one batch, under hybrid each replica of tp x pp
     # GPUs: its tokens are shared by the GPUs
     share = world.world_size if same else a.tp * a.pp if a.mode == "hybrid" else 1
@@ -225,6 +237,7 @@ def main() -> None:
         "torch_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else 0.0,
         "device_used_gib": round((total - free) / 2**30, 2),
         "losses": [round(x, 4) for x in losses],
+        **({"profile_s": profiled} if profiled else {}),
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
