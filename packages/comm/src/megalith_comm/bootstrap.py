@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from . import health, watchdog
+from .handle import release_retired
 from .launch_env import LaunchConfig
 from .store import PREFIX, StoreSpec, rendezvous
 
@@ -199,6 +200,7 @@ def destroy() -> None:
     world.groups.clear()
     if dist.is_initialized():
         dist.destroy_process_group()
+    release_retired()  # see [Note: Gloo works outlive their wait]
     _leave(world)
     world.store = None
 

@@ -8,13 +8,34 @@ as CommError naming the rank behind them (health.diagnose).
 
 from __future__ import annotations
 
+import atexit
+import collections
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from . import health
+
+#: [Note: Gloo works outlive their wait]
+#: A Gloo work holds its tensors, and so does the worker thread that ran it, until a moment
+#: after wait() returned. When the caller has dropped the tensors by then, the worker's
+#: release is the last one, and freeing a tensor made in Python takes the GIL. If the
+#: interpreter is finalizing at that moment (the op was among a process's last), the worker
+#: is ended inside C++ code that cannot unwind, and the rank aborts at exit with "terminate
+#: called without an active exception". So the last few waited works stay referenced here,
+#: and are dropped by the main thread: in destroy(), or at exit while the interpreter is
+#: still whole.
+RETIRED_WORKS = 8
+_retired: collections.deque[Any] = collections.deque(maxlen=RETIRED_WORKS)
+
+
+@atexit.register
+def release_retired() -> None:
+    """Drops the works kept after their wait (megalith_comm.destroy() calls it)."""
+    _retired.clear()
 
 
 class StreamWork:
@@ -104,6 +125,7 @@ class Handle:
         finally:
             world.blocked = None
         self._done = True
+        _retired.extend(w for w in self._works if isinstance(w, dist.Work))
         for step in self._then:
             step()
         return self.result
