@@ -1,11 +1,11 @@
 # Install the C++ library for embedding: headers, libmegalith_core and
-# megalithConfig.cmake. Inside a wheel they go under megalith/ so that
-# `python -m megalith --cmake-dir` can point find_package at them.
+# megalithConfig.cmake. Inside a wheel they go under megalith_core/ so that
+# `python -m megalith_core --cmake-dir` can point find_package at them.
 include(CMakePackageConfigHelpers)
 
 if(DEFINED SKBUILD)
-  set(MEGALITH_INSTALL_LIBDIR megalith/lib)
-  set(MEGALITH_INSTALL_INCLUDEDIR megalith/include)
+  set(MEGALITH_INSTALL_LIBDIR megalith_core/lib)
+  set(MEGALITH_INSTALL_INCLUDEDIR megalith_core/include)
 else()
   set(MEGALITH_INSTALL_LIBDIR ${CMAKE_INSTALL_LIBDIR})
   set(MEGALITH_INSTALL_INCLUDEDIR ${CMAKE_INSTALL_INCLUDEDIR})

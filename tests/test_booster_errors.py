@@ -63,7 +63,7 @@ def test_gpu_device_without_gpu():
 
 def test_library_code_has_no_bare_asserts():
     found = []
-    roots = [ROOT / "python" / "megalith", *sorted((ROOT / "packages").glob("*/src"))]
+    roots = [ROOT / "python" / "megalith_core", *sorted((ROOT / "packages").glob("*/src"))]
     for root in roots:
         for path in root.rglob("*.py"):
             if "testing" in path.parts:

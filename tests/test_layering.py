@@ -1,18 +1,21 @@
-"""The layering rules of DESIGN.md, checked on the source tree.
+"""The layering rules of docs/DESIGN.md, checked on the source tree and the dists.
 
 1. core/ knows nothing of Python or PyTorch: no source under it includes
    Python.h, nanobind, pybind11, torch, ATen or c10, and its CMake files do not
    look for Python, nanobind or Torch.
-2. The sub-packages import only downwards: megalith_comm imports none of
+2. The floor dist (megalith-core, package megalith_core: the engine, the fused
+   optimizers, dtypes, memory arena, loss scaling, checkpoint format) imports
+   nothing of megalith's.
+3. The sub-packages import only downwards: megalith_comm imports none of
    megalith_zero / megalith_pipeline / megalith_offload; those three do not import
    each other, except megalith_zero -> megalith_offload behind a guard (try/except
    ImportError, or `if TYPE_CHECKING:`) so that megalith_zero works without it.
-   From the `megalith` dist they may use only the engine module (megalith._engine)
-   and the fused optimizers over it (megalith.optim: DESIGN.md puts HybridAdam & co.
-   in the `megalith` dist, and ZeRO and offload step their shards with them); the
-   rest of python/megalith (Booster, plugins, CLI) sits above them.
-3. megalith.optim itself imports nothing of megalith but the engine, so that
-   allowance cannot pull the upper layers in.
+   Of megalith's own code below them they use megalith_core only, never the roof
+   dist `megalith` (Booster, plugins, CLI), and never another package's private
+   names (a `_module` or `_name` of megalith_core or of another package).
+4. No import cycle runs across packages.
+5. The dists say the same: no package dist depends on the roof dist, the floor on
+   no dist of megalith's.
 
 Imports are read with ast, so strings and comments that mention a module do not count.
 Each checker also runs on small synthetic inputs, so the test means something
@@ -94,6 +97,8 @@ def test_core_checker_catches_violations(tmp_path):
 # -- packages/: imports only go down ------------------------------------------
 
 SUBPACKAGES = ("comm", "zero", "pipeline", "offload")
+FLOOR = "megalith_core"
+ROOF = "megalith"
 # What each sub-package must not import (top-level module names).
 FORBIDDEN_IMPORTS = {
     "megalith_comm": {"megalith_zero", "megalith_pipeline", "megalith_offload"},
@@ -103,8 +108,7 @@ FORBIDDEN_IMPORTS = {
 }
 # Allowed only behind a guard (optional dependencies).
 GUARDED_ALLOWED = {("megalith_zero", "megalith_offload")}
-# What the sub-packages may import from the `megalith` dist: the engine and its optimizers.
-MEGALITH_ALLOWED = ("megalith._engine", "megalith.optim")
+OURS = {FLOOR, ROOF, *FORBIDDEN_IMPORTS}
 
 
 def _is_guard(node: ast.AST) -> bool:
@@ -123,7 +127,10 @@ def _is_guard(node: ast.AST) -> bool:
 
 
 def imports_of(source: str) -> list[tuple[str, int, bool]]:
-    """(absolute module name, line, guarded) for every absolute import in source."""
+    """(absolute module name, line, guarded) for every absolute import in source.
+
+    `from pkg.mod import name` records pkg.mod.name: the name may be a submodule, and
+    a private name (`_EngineAdam`) is as private as a private module."""
     tree = ast.parse(source)
     found = []
 
@@ -131,11 +138,7 @@ def imports_of(source: str) -> list[tuple[str, int, bool]]:
         if isinstance(node, ast.Import):
             found.extend((alias.name, node.lineno, guarded) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            # `from pkg import name` may import the submodule pkg.name; for a bare top-level
-            # package record pkg.name so `from megalith import _engine` reads as megalith._engine.
-            for alias in node.names:
-                name = node.module if "." in node.module else f"{node.module}.{alias.name}"
-                found.append((name, node.lineno, guarded))
+            found.extend((f"{node.module}.{a.name}", node.lineno, guarded) for a in node.names)
         if isinstance(node, ast.Try):
             # Only the try body is guarded, not the handlers or the else/finally blocks.
             body_guarded = guarded or _is_guard(node)
@@ -157,61 +160,183 @@ def imports_of(source: str) -> list[tuple[str, int, bool]]:
     return found
 
 
+def _private_part(module: str) -> str | None:
+    """The first `_name` part of a dotted name below its top level (dunders are public)."""
+    for part in module.split(".")[1:]:
+        if part.startswith("_") and not part.startswith("__"):
+            return part
+    return None
+
+
 def import_violations(package: str, source: str) -> list[str]:
     """'line: reason' for each import `package` may not make."""
     out = []
     for module, line, guarded in imports_of(source):
         top = module.split(".")[0]
-        if top in FORBIDDEN_IMPORTS[package]:
+        if top not in OURS or top == package:
+            continue
+        if top == ROOF:
+            out.append(f"{line}: imports {module} (the roof dist; below it use {FLOOR})")
+            continue
+        if package == FLOOR:
+            out.append(f"{line}: imports {top} (the floor imports nothing of megalith's)")
+            continue
+        if top in FORBIDDEN_IMPORTS.get(package, ()):
             if (package, top) in GUARDED_ALLOWED and guarded:
                 continue
             how = " unguarded" if (package, top) in GUARDED_ALLOWED else ""
             out.append(f"{line}: imports {top}{how}")
-        elif top == "megalith" and not any(
-            module == allowed or module.startswith(allowed + ".") for allowed in MEGALITH_ALLOWED
-        ):
-            out.append(f"{line}: imports {module} (below it: only {', '.join(MEGALITH_ALLOWED)})")
+            continue
+        private = _private_part(module)
+        if private and not (top == FLOOR and private == "_engine"):
+            out.append(f"{line}: imports {module} (private to {top}: {private})")
     return out
 
 
-def test_subpackages_import_only_downwards():
+def _package_sources() -> dict[str, list[Path]]:
+    sources = {FLOOR: sorted((ROOT / "python" / FLOOR).rglob("*.py"))}
+    for name in SUBPACKAGES:
+        src = ROOT / "packages" / name / "src" / f"megalith_{name}"
+        assert (src / "__init__.py").is_file(), f"{src}/__init__.py is missing"
+        sources[f"megalith_{name}"] = sorted(src.rglob("*.py"))
+    return sources
+
+
+def test_floor_and_subpackages_import_only_downwards():
     checked = 0
     violations = []
-    for name in SUBPACKAGES:
-        package = f"megalith_{name}"
-        src = ROOT / "packages" / name / "src" / package
-        assert (src / "__init__.py").is_file(), f"{src}/__init__.py is missing"
-        for path in sorted(src.rglob("*.py")):
+    for package, paths in _package_sources().items():
+        for path in paths:
             checked += 1
             for v in import_violations(package, path.read_text()):
                 violations.append(f"{path.relative_to(ROOT)}:{v}")
-    assert checked >= len(SUBPACKAGES)
+    assert checked > len(SUBPACKAGES) + 1
     assert not violations, (
-        "packages may import only what is below them (DESIGN.md, Layers):\n  "
+        "packages may import only what is below them (docs/DESIGN.md, Layers):\n  "
         + "\n  ".join(violations)
     )
 
 
-def test_optim_imports_only_the_engine():
-    violations = []
-    for path in sorted((ROOT / "python" / "megalith" / "optim").rglob("*.py")):
-        for module, line, _ in imports_of(path.read_text()):
-            if module == "megalith" or module.startswith("megalith."):
-                if not (
-                    module.startswith("megalith._engine") or module.startswith("megalith.optim")
-                ):
-                    violations.append(f"{path.relative_to(ROOT)}:{line}: imports {module}")
-    assert not violations, "megalith.optim sits right above the engine:\n  " + "\n  ".join(
-        violations
-    )
+def import_graph(sources: dict[str, list[Path]]) -> dict[str, set[str]]:
+    """Package -> the packages of ours it imports (guarded imports included)."""
+    graph: dict[str, set[str]] = {}
+    for package, paths in sources.items():
+        deps = graph.setdefault(package, set())
+        for path in paths:
+            for module, _, _ in imports_of(path.read_text()):
+                top = module.split(".")[0]
+                if top in OURS and top != package:
+                    deps.add(top)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                return [*stack[stack.index(dep) :], dep]
+            if dep not in state and (cycle := visit(dep)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_import_cycle_across_packages():
+    sources = _package_sources()
+    sources[ROOF] = sorted((ROOT / "packages" / "megalith" / "src" / ROOF).rglob("*.py"))
+    cycle = find_cycle(import_graph(sources))
+    assert cycle is None, "an import cycle across packages: " + " -> ".join(cycle or [])
+
+
+def test_cycle_finder():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"x": {"y"}, "y": {"y"}}) == ["y", "y"]
+
+
+# -- dist metadata ----------------------------------------------------------------
+
+
+def _dist_dependencies(pyproject: Path) -> tuple[str, list[str]]:
+    """(dist name, names of its required and optional dependencies) from a pyproject."""
+    import tomllib
+
+    project = tomllib.loads(pyproject.read_text())["project"]
+    deps = list(project.get("dependencies", []))
+    for extra in project.get("optional-dependencies", {}).values():
+        deps.extend(extra)
+    return project["name"], [re.split(r"[\s<>=!~;\[]", d, maxsplit=1)[0].lower() for d in deps]
+
+
+def dist_violations(pyprojects: list[Path]) -> list[str]:
+    out = []
+    for pyproject in pyprojects:
+        name, deps = _dist_dependencies(pyproject)
+        ours = [d for d in deps if d == ROOF or d.startswith("megalith-")]
+        if name == "megalith-core" and ours:
+            out.append(f"{name} depends on {', '.join(ours)} (the floor depends on none of ours)")
+        elif name != ROOF and ROOF in ours:
+            out.append(f"{name} depends on the roof dist {ROOF}")
+    return out
+
+
+def test_no_package_dist_depends_on_the_roof():
+    pyprojects = [ROOT / "pyproject.toml", *sorted((ROOT / "packages").glob("*/pyproject.toml"))]
+    names = [_dist_dependencies(p)[0] for p in pyprojects]
+    assert names[0] == "megalith-core" and ROOF in names, names
+    assert not dist_violations(pyprojects)
+
+
+def test_dist_checker(tmp_path):
+    def write(name: str, deps: list[str], extra: list[str] = ()) -> Path:
+        path = tmp_path / name / "pyproject.toml"
+        path.parent.mkdir()
+        path.write_text(
+            f"[project]\nname = {name!r}\ndependencies = {deps!r}\n"
+            f"[project.optional-dependencies]\nx = {list(extra)!r}\n"
+        )
+        return path
+
+    assert dist_violations(
+        [
+            write("megalith-core", ["torch>=2.4"]),
+            write("megalith-zero", ["megalith-core>=0.1", "megalith-comm"]),
+            write("megalith", ["megalith-zero>=0.1"]),
+            write("megalith-bad", ["torch", "megalith >=0.1"]),
+            write("megalith-worse", ["torch"], ["megalith[test]"]),
+        ]
+    ) == [
+        "megalith-bad depends on the roof dist megalith",
+        "megalith-worse depends on the roof dist megalith",
+    ]
+    assert dist_violations([write("x", [])]) == []
+    core = tmp_path / "c2"
+    core.mkdir()
+    (core / "pyproject.toml").write_text('[project]\nname = "megalith-core"\ndependencies = ["megalith-comm"]\n')
+    assert dist_violations([core / "pyproject.toml"]) == [
+        "megalith-core depends on megalith-comm (the floor depends on none of ours)"
+    ]
 
 
 @pytest.mark.parametrize(
     ("package", "source", "expected"),
     [
-        ("megalith_comm", "import torch\nfrom megalith import _engine\n", []),
-        ("megalith_comm", "import megalith._engine as e\n", []),
-        ("megalith_zero", "from megalith.optim import functional as F\n", []),
+        ("megalith_comm", "import torch\nfrom megalith_core import _engine\n", []),
+        ("megalith_comm", "import megalith_core._engine as e\n", []),
+        ("megalith_zero", "from megalith_core.optim import functional as F\n", []),
+        ("megalith_core", "from megalith_core.optim import functional as F\n", []),
         ("megalith_comm", "from megalith_zero import stage3\n", ["1: imports megalith_zero"]),
         (
             "megalith_comm",
@@ -251,13 +376,37 @@ def test_optim_imports_only_the_engine():
         (
             "megalith_zero",
             "from megalith.booster import Booster\n",
-            ["1: imports megalith.booster (below it: only megalith._engine, megalith.optim)"],
+            ["1: imports megalith.booster.Booster (the roof dist; below it use megalith_core)"],
+        ),
+        (
+            "megalith_zero",
+            "from megalith import _engine\n",
+            ["1: imports megalith._engine (the roof dist; below it use megalith_core)"],
         ),
         (
             "megalith_zero",
             "import megalith\n",
-            ["1: imports megalith (below it: only megalith._engine, megalith.optim)"],
+            ["1: imports megalith (the roof dist; below it use megalith_core)"],
         ),
+        (
+            "megalith_core",
+            "import megalith_comm\n",
+            ["1: imports megalith_comm (the floor imports nothing of megalith's)"],
+        ),
+        (
+            "megalith_zero",
+            "from megalith_core.optim.adam import _EngineAdam\n",
+            [
+                "1: imports megalith_core.optim.adam._EngineAdam "
+                "(private to megalith_core: _EngineAdam)"
+            ],
+        ),
+        (
+            "megalith_offload",
+            "from megalith_comm._impl import x\n",
+            ["1: imports megalith_comm._impl.x (private to megalith_comm: _impl)"],
+        ),
+        ("megalith_offload", "from megalith_comm import __version__\n", []),
     ],
 )
 def test_import_checker(package, source, expected):

@@ -37,17 +37,17 @@ def nccl_wheel_lib_dir() -> str | None:
 
 
 def engine() -> Any:
-    """megalith._engine with its NCCL functions, NCCL loadable; a CommError naming the fix if not."""
+    """megalith_core._engine with its NCCL functions, NCCL loadable; a CommError naming the fix if not."""
     global _search_path_set
     try:
-        from megalith import _engine
+        from megalith_core import _engine
     except ImportError as exc:
         raise CommError(f"megalith's engine module could not be imported: {exc}") from exc
     missing = [name for name in _REQUIRED if not hasattr(_engine, name)]
     if missing:
         raise CommError(
             "CUDA tensors need the engine's NCCL communicator, but this build of "
-            f"megalith._engine has no {', '.join(missing)}: install a megalith built with "
+            f"megalith_core._engine has no {', '.join(missing)}: install a megalith built with "
             "CUDA (MEGALITH_CUDA=ON) and NCCL's header, or keep tensors on the CPU (Gloo)"
         )
     if not _search_path_set:

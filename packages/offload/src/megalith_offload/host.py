@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from megalith import _engine
+from megalith_core import _engine
 
 #: 4096-byte alignment: the NVMe path's O_DIRECT transfers need it
 ALIGNMENT = 4096

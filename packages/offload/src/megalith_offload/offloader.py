@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from megalith import _engine
+from megalith_core import _engine
 
 from .config import OffloadConfig
 from .host import HostTier, host_threads

@@ -26,7 +26,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 
 import torch
 
-from megalith import _engine
+from megalith_core import _engine
 
 from .config import OffloadConfig
 from .host import ALIGNMENT, HostTier

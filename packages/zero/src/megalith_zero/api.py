@@ -14,7 +14,7 @@ from .config import ZeroConfig
 from .full_state import iter_full_params
 from .grads import GradReducer
 from .layout import Layout, chunk_numel_for, plan
-from .memory import StateMemory
+from megalith_core.memory import StateMemory
 from .offload import AutoPlacement, auto_budget, make_offloader
 from .optimizer import ModelParallel, ZeroOptimizer
 from .param_gather import DeferredGathers

@@ -28,7 +28,7 @@ import megalith_comm as comm
 
 from .api import ZeroModel
 from .file_layout import IDENTITY, FileLayout
-from .files import StreamedFiles, TensorReader, atomic_json, atomic_save, safe_open
+from megalith_core.safetensors_files import StreamedFiles, TensorReader, atomic_json, atomic_save, safe_open
 from .full_state import iter_full_params
 from .layout import Chunk, Slot
 from .offload import with_resident_states

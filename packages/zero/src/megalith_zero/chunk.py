@@ -43,7 +43,7 @@ import megalith_comm as comm
 
 from .config import ZeroConfig
 from .layout import Chunk
-from .memory import StateMemory
+from megalith_core.memory import StateMemory
 
 
 class FlatChunk:

@@ -25,7 +25,7 @@ import megalith_comm as comm
 
 from .api import ZeroModel
 from .file_layout import IDENTITY, FileLayout
-from .files import StreamedFiles, TensorReader, atomic_json
+from megalith_core.safetensors_files import StreamedFiles, TensorReader, atomic_json
 from .offload import with_resident_states
 from .optimizer import ZeroOptimizer
 

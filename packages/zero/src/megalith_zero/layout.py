@@ -116,7 +116,7 @@ def chunk_numel_for(numels: Sequence[int], chunk_bytes: int, element_bytes: int,
     largest = max((round_up(n, ALIGN_ELEMENTS) for n in numels), default=ALIGN_ELEMENTS)
     if chunk_bytes:
         return round_up(max(chunk_bytes // element_bytes, largest), align)
-    from megalith import _engine
+    from megalith_core import _engine
 
     sizes = [round_up(n, ALIGN_ELEMENTS) * element_bytes for n in numels]
     if sum(sizes) <= SMALL_MODEL_BYTES:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from megalith.optim import functional as F
+from megalith_core.optim import functional as F
 
 Tensors = Sequence[torch.Tensor]
 
@@ -98,9 +98,9 @@ class Rule:
 
 def rule_for(optimizer: torch.optim.Optimizer) -> Rule:
     """The rule of a torch or megalith Adam/AdamW, SGD or Lion; a clear error otherwise."""
-    from megalith.optim.adam import _EngineAdam
-    from megalith.optim.lion import _EngineLion
-    from megalith.optim.sgd import _EngineSGD
+    from megalith_core.optim.adam import _EngineAdam
+    from megalith_core.optim.lion import _EngineLion
+    from megalith_core.optim.sgd import _EngineSGD
 
     if isinstance(optimizer, torch.optim.AdamW):
         return Rule("adam", True)

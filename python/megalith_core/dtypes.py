@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from megalith import _engine
+from megalith_core import _engine
 
 ENGINE_DTYPE = {
     torch.float32: _engine.DType.f32,

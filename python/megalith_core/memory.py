@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from megalith import _engine
+from megalith_core import _engine
 
 #: kinds of state, as reported by StateMemory.report()
 KINDS = ("params", "master", "optim_states", "grads", "grads_in_flight", "gathered")

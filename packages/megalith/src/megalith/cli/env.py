@@ -93,15 +93,17 @@ def collect() -> Report:
 
 def megalith_section() -> Section:
     import megalith
+    import megalith_core
 
     def engine_file() -> str:
-        return str(importlib.import_module("megalith._engine").__file__)
+        return str(importlib.import_module("megalith_core._engine").__file__)
 
     return {
         "version": megalith.__version__,
         "location": str(Path(megalith.__file__).resolve().parent),
+        "core": f"{megalith_core.__version__} ({Path(megalith_core.__file__).resolve().parent})",
         "engine": probe(engine_file),
-        "cmake_dir": probe(megalith.get_cmake_dir),
+        "cmake_dir": probe(megalith_core.get_cmake_dir),
     }
 
 

@@ -18,7 +18,7 @@ def _st():
         from safetensors import safe_open
     except ImportError:
         raise ImportError(
-            "megalith_zero checkpoints need safetensors: pip install safetensors"
+            "megalith checkpoints need safetensors: pip install safetensors"
         ) from None
     return st, safe_open
 

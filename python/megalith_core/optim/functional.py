@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from megalith import _engine
+from megalith_core import _engine
 
-from ._dtypes import GRAD_DTYPES, engine_dtype, nonfinite_mode
+from ..dtypes import GRAD_DTYPES, engine_dtype, nonfinite_mode
 
 Tensors = Sequence[torch.Tensor]
 
