@@ -1,4 +1,5 @@
-"""Shared fixtures: SIMD levels to force, fresh random generators, GPU skips."""
+"""Shared fixtures: SIMD levels to force, fresh random generators. Shared helpers that
+tests import (the GPU mark, the README runner, CPU process groups) live in tests/support/."""
 
 from __future__ import annotations
 
@@ -29,12 +30,3 @@ def gen() -> torch.Generator:
     seed = int(os.environ.get("MEGALITH_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
     print(f"seed={seed}")
     return torch.Generator().manual_seed(seed)
-
-
-def has_cuda_engine() -> bool:
-    return torch.cuda.is_available() and _engine.cuda_compiled() and _engine.cuda_device_count() > 0
-
-
-gpu = pytest.mark.skipif(
-    not has_cuda_engine(), reason="needs a CUDA GPU and megalith built with CUDA"
-)

@@ -324,7 +324,9 @@ def test_dist_checker(tmp_path):
     assert dist_violations([write("x", [])]) == []
     core = tmp_path / "c2"
     core.mkdir()
-    (core / "pyproject.toml").write_text('[project]\nname = "megalith-core"\ndependencies = ["megalith-comm"]\n')
+    (core / "pyproject.toml").write_text(
+        '[project]\nname = "megalith-core"\ndependencies = ["megalith-comm"]\n'
+    )
     assert dist_violations([core / "pyproject.toml"]) == [
         "megalith-core depends on megalith-comm (the floor depends on none of ours)"
     ]

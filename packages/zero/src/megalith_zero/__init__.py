@@ -13,12 +13,13 @@
 See packages/zero/README.md.
 """
 
+from megalith_core.loss_scale import DynamicLossScaler
+
 from .api import ZeroModel, shard
 from .checkpoint import load_full, load_sharded, save_full, save_sharded
 from .config import LossScaleConfig, ZeroConfig
 from .file_layout import FileLayout
 from .full_optimizer import load_full_optimizer, save_full_optimizer
-from megalith_core.loss_scale import DynamicLossScaler
 from .optimizer import ModelParallel, ZeroOptimizer
 
 __version__ = "0.1.0"

@@ -8,13 +8,13 @@ import torch
 from torch.utils._pytree import tree_map
 
 import megalith_comm as comm
+from megalith_core.memory import StateMemory
 
 from .chunk import FlatChunk
 from .config import ZeroConfig
 from .full_state import iter_full_params
 from .grads import GradReducer
 from .layout import Layout, chunk_numel_for, plan
-from megalith_core.memory import StateMemory
 from .offload import AutoPlacement, auto_budget, make_offloader
 from .optimizer import ModelParallel, ZeroOptimizer
 from .param_gather import DeferredGathers

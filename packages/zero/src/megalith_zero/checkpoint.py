@@ -25,10 +25,16 @@ from typing import Any
 import torch
 
 import megalith_comm as comm
+from megalith_core.safetensors_files import (
+    StreamedFiles,
+    TensorReader,
+    atomic_json,
+    atomic_save,
+    safe_open,
+)
 
 from .api import ZeroModel
 from .file_layout import IDENTITY, FileLayout
-from megalith_core.safetensors_files import StreamedFiles, TensorReader, atomic_json, atomic_save, safe_open
 from .full_state import iter_full_params
 from .layout import Chunk, Slot
 from .offload import with_resident_states

@@ -40,10 +40,10 @@ from typing import Any
 import torch
 
 import megalith_comm as comm
+from megalith_core.memory import StateMemory
 
 from .config import ZeroConfig
 from .layout import Chunk
-from megalith_core.memory import StateMemory
 
 
 class FlatChunk:

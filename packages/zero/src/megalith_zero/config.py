@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -85,7 +85,7 @@ class ZeroConfig:
     chunk_bytes: int = 0
     prefetch: int = 1
     keep_gathered_bytes: int = 0
-    loss_scale: LossScaleConfig = LossScaleConfig()
+    loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     loss_scaling: bool | None = None
     overlap: bool = True
     offload: Any = None

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 
 import megalith_comm as comm
+from megalith_core.safetensors_files import StreamedFiles, TensorReader, atomic_json
 
 from .api import ZeroModel
 from .file_layout import IDENTITY, FileLayout
-from megalith_core.safetensors_files import StreamedFiles, TensorReader, atomic_json
 from .offload import with_resident_states
 from .optimizer import ZeroOptimizer
 
