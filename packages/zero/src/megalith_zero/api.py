@@ -9,6 +9,7 @@ from torch.utils._pytree import tree_map
 
 import megalith_comm as comm
 from megalith_core.memory import StateMemory
+from megalith_core.optim.rules import check_group, rule_for
 
 from .chunk import FlatChunk
 from .config import ZeroConfig
@@ -18,7 +19,6 @@ from .layout import Layout, chunk_numel_for, plan
 from .offload import AutoPlacement, auto_budget, make_offloader
 from .optimizer import ModelParallel, ZeroOptimizer
 from .param_gather import DeferredGathers
-from .rule import check_group, rule_for
 from .stage3 import Stage3Hooks
 from .streams import Streams
 

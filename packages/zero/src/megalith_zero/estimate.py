@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from megalith_core.optim.rules import rule_for
+
 from .api import _param_groups
 from .config import ZeroConfig
 from .layout import chunk_numel_for, plan
 from .offload import chunk_costs, require_offload, resident_state, warmup_param_frac
-from .rule import rule_for
 
 
 @dataclass(frozen=True)

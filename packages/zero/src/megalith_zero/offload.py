@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 import megalith_comm as comm
+from megalith_core.optim.rules import Rule
 
 from .config import ZeroConfig
 from .layout import Layout
-from .rule import Rule
 
 try:
     import megalith_offload

@@ -14,13 +14,13 @@ import torch
 import megalith_comm as comm
 from megalith_core.loss_scale import DynamicLossScaler
 from megalith_core.optim import functional as F
+from megalith_core.optim.rules import Rule
 
 from .chunk import FlatChunk
 from .config import ZeroConfig
 from .grads import GradReducer
 from .host_step import HostStepper
 from .offload import require_offload, swapped_states
-from .rule import Rule
 from .visit import DeviceVisits, link_seconds_per_byte
 
 

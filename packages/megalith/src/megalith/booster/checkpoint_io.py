@@ -27,6 +27,9 @@ from typing import Any
 
 import torch
 
+import megalith_core.safetensors_files as files
+from megalith_core.optim.rules import rule_for
+
 from . import pipeline_io
 from .plugin.base import require, world
 from .plugin.hybrid_pipeline import PipelineModel
@@ -34,7 +37,6 @@ from .plugin.zero import ZeroModelWrapper, ZeroOptimizerWrapper
 from .tp_layout import tp_layout
 
 SEP = "::"
-_KINDS = {"adam": ("Adam",), "sgd": ("SGD",), "lion": ("Lion",)}
 
 
 def _zero():
@@ -100,7 +102,7 @@ def save_model(model: Any, checkpoint: str, shard: bool, size_per_shard: int) ->
                 state = _tp_full_state(raw) if _tensor_parallel(model) else _named_state(raw)
             tensors = {k: v.cpu() for k, v in state.items()}
             plan = [(k, t.numel() * t.element_size()) for k, t in tensors.items()]
-            out = zero.files.StreamedFiles(target, "model", plan, max_bytes, write=rank0)
+            out = files.StreamedFiles(target, "model", plan, max_bytes, write=rank0)
             for k, t in tensors.items():
                 out.add(k, t)
             out.finish()
@@ -109,7 +111,7 @@ def save_model(model: Any, checkpoint: str, shard: bool, size_per_shard: int) ->
         if (
             shard and rank0 and hasattr(raw, "to_hf_config")
         ):  # transformers' from_pretrained reads it
-            zero.files.atomic_json(raw.to_hf_config(), target / "config.json")
+            files.atomic_json(raw.to_hf_config(), target / "config.json")
         if not shard and rank0:
             os.replace(target / "model.safetensors", path)
     finally:
@@ -138,7 +140,7 @@ def load_model(model: Any, checkpoint: str, strict: bool = True) -> None:
         for name, t in raw.state_dict(keep_vars=True).items():
             if wanted is None or name in wanted:
                 names.setdefault(id(t), []).append(name)
-        with zero.files.TensorReader(path, "model") as reader:
+        with files.TensorReader(path, "model") as reader:
             state = {}
             for aliases in names.values():  # a tied tensor is in the files under one of its names
                 stored = next((n for n in aliases if reader.has(n)), None)
@@ -154,7 +156,7 @@ def load_model(model: Any, checkpoint: str, strict: bool = True) -> None:
         zero.load_full(zmodel, zmodel.optimizer, path, layout=_zero_layout(zmodel))
         return None
     module = model.whole if isinstance(model, PipelineModel) else model.unwrap()
-    with zero.files.TensorReader(path, "model") as reader, torch.no_grad():
+    with files.TensorReader(path, "model") as reader, torch.no_grad():
         want = _named_state(module)
         if isinstance(model, PipelineModel):  # this rank's stages only
             mine = pipeline_io.local_names(model)
@@ -176,11 +178,11 @@ def load_model(model: Any, checkpoint: str, strict: bool = True) -> None:
 
 
 def _kind(optim: torch.optim.Optimizer) -> str:
-    name = type(optim).__name__
-    for kind, suffixes in _KINDS.items():
-        if any(name.endswith(s) for s in suffixes) or name.endswith(suffixes[0] + "W"):
-            return kind
-    raise ValueError(f"saving {name}: megalith checkpoints hold Adam/AdamW, SGD or Lion states")
+    """The kind of states an optimizer holds (megalith_core.optim.rules)."""
+    try:
+        return rule_for(optim).kind
+    except ValueError as exc:
+        raise ValueError(f"saving {type(optim).__name__}: {exc}") from None
 
 
 def _model_of(optimizer: Any) -> Any:
@@ -272,7 +274,7 @@ def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard:
         plan, params, tensors = pipeline_io.full_optimizer_states(model, plan, params, states, SEP)
         states = iter(tensors.items())
     rank0 = world().rank == 0
-    out = zero.files.StreamedFiles(path, "optimizer", plan, max_bytes, write=rank0)
+    out = files.StreamedFiles(path, "optimizer", plan, max_bytes, write=rank0)
     for key, t in states:
         out.add(key, t)
     out.finish()
@@ -290,7 +292,7 @@ def save_optimizer(optimizer: Any, checkpoint: str, shard: bool, size_per_shard:
             else None,
             "grad_scaler": dict(scaler.state_dict()) if scaler else None,
         }
-        zero.files.atomic_json(meta, path / "optimizer.json")
+        files.atomic_json(meta, path / "optimizer.json")
     _barrier()
 
 
@@ -320,7 +322,7 @@ def load_optimizer(optimizer: Any, checkpoint: str) -> None:
     state: dict[int, dict[str, Any]] = {}
     groups = []
     index = 0
-    with zero.files.TensorReader(path, "optimizer") as reader:
+    with files.TensorReader(path, "optimizer") as reader:
         keys = list(reader.keys())
         for gi, g in enumerate(optim.param_groups):
             ids = []
