@@ -1,23 +1,21 @@
 #!/usr/bin/env bash
-# Issue 8 on whatever GPUs the machine has (nvidia-h200-x2 and up): the ~7B Llama in bf16
-# under ZeRO-2, ZeRO-3, FSDP2 and tp with and without sequence parallelism on every GPU
-# (runs 2 and 5; one JSON line per run in $OUT/llama7b.jsonl), engine NCCL collectives
-# beside torch's (run 1), a checkpoint saved on N GPUs resumed on N/2 (run 4) and the
-# pipeline schedules on every GPU (run 3), and on 4 GPUs or more HybridParallelPlugin's
-# tp 2 x pp 2 x dp layout (run 5). SECTIONS picks and orders the parts, MODES the
-# llama runs (PROFILE=1: one more step of each under torch.profiler, $OUT/profile); a
-# call that must stay inside the device's 10 minutes does a few of them.
+# Several GPUs of one host (nvidia-h200-x2 and up), every GPU the machine has: the ~7B Llama
+# in bf16 under ZeRO-2, ZeRO-3, FSDP2 and tp with and without sequence parallelism (runs 2
+# and 5 of issue 8; one JSON line per run in $OUT/llama7b.jsonl; `compute` is the floor:
+# forward and backward alone), engine NCCL collectives beside torch's (run 1, comm_bench.sh's
+# worldn), a checkpoint saved on N GPUs resumed on N/2 (run 4), the pipeline schedules on
+# every GPU (run 3), and on 4 GPUs or more HybridParallelPlugin's tp 2 x pp 2 x dp layout.
+# Results: benchmarks/results/multi_gpu/ (and pipeline/, comm_gpu/). SECTIONS picks and
+# orders the parts (default "llama hybrid comm reshard pipeline"), MODES the llama runs
+# (PROFILE=1: one more step of each under torch.profiler, $OUT/profile); a call that must
+# stay inside the device's 10 minutes does a few of them.
 source "$(dirname "$0")/setup.sh"
-build comm zero pipeline offload
-N=$(nvidia-smi -L | wc -l)
-torchrun_n() { local n=$1; shift; timeout "$LIMIT" python3 -m torch.distributed.run --nproc_per_node "$n" "$@" 2>&1 | grep -v "^W"; }
+build
+N=$NGPU
 for section in ${SECTIONS:-llama hybrid comm reshard pipeline}; do
   case $section in
-  comm)
-    log "collectives on $N GPUs"
-    for op in all_reduce all_gather reduce_scatter; do
-      LIMIT=150 torchrun_n "$N" benchmarks/comm/$op.py --out "$OUT/comm_${op}_w$N.jsonl" | tail -8
-    done ;;
+  comm)  # run 1: comm_bench.sh's worldn section (default sizes)
+    SECTIONS=worldn bash benchmarks/device/comm_bench.sh ;;
   llama)
     for m in ${MODES:-compute zero2 zero2-overlap fsdp2 zero3 zero3-early tp tp-sp}; do
       log "llama: $m on $N GPUs"
@@ -30,7 +28,7 @@ for section in ${SECTIONS:-llama hybrid comm reshard pipeline}; do
     for phase in save resume; do
       n=$([ "$phase" = save ] && echo "$N" || echo $((N / 2)))
       LIMIT=300 torchrun_n "$n" benchmarks/multi_gpu/reshard_resume.py --phase "$phase" \
-        --dir /tmp/reshard | tail -2 | tee -a "$OUT/reshard.jsonl"
+        --dir "$SCRATCH/reshard" | tail -2 | tee -a "$OUT/reshard.jsonl"
     done ;;
   hybrid)  # HybridParallelPlugin tp 2 x pp 2 x dp (the rest) on 4 or more GPUs (run 5)
     [ "$N" -ge 4 ] || { log "hybrid: needs 4 GPUs or more, $N here"; continue; }
@@ -41,6 +39,7 @@ for section in ${SECTIONS:-llama hybrid comm reshard pipeline}; do
   pipeline)
     log "pipeline schedules on $N GPUs"
     LIMIT=300 torchrun_n "$N" benchmarks/multi_gpu/pipeline_gpu.py --out "$OUT/pipeline.jsonl" | tail -30 ;;
+  *) log "unknown section $section" ;;
   esac
 done
 log done
