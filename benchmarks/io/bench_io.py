@@ -3,7 +3,7 @@ same file system, same run.
 
     python benchmarks/io/bench_io.py --dir /tmp --gib 1 --rounds 3 \\
         [--backend both] [--request-mib 8,64] [--inflight 4] [--machine "..."] \\
-        [--out benchmarks/results/io_<date>.md]
+        [--out benchmarks/results/io/<date>_<machine>.md]
 
 Writes and reads --gib GiB: megalith (4 threads, 8 MiB blocks) with O_DIRECT from a
 4096-aligned engine buffer, then buffered with an fsync after the write; dd with

@@ -4,9 +4,9 @@ issue 6's GPU figure).
     torchrun --nproc_per_node N benchmarks/multi_gpu/pipeline_gpu.py --out FILE.jsonl
 
 For 1f1b, interleaved (2 chunks per rank), zb-v and gpipe at m = N, 2N and 4N
-micro-batches, a step (forward + backward of every micro-batch, no optimizer) of a
-GPT built from benchmarks/pipeline/small_gpt.py's blocks, scaled so a pass takes
-milliseconds on an H200 (bf16 autocast). Per (schedule, m): the median step time
+micro-batches, a step (forward + backward of every micro-batch, no optimizer) of
+megalith.models' gpt-1.3b blocks (d2048, 16 heads) with 4 per rank, an 8192-token
+vocabulary and an untied head, so a pass takes milliseconds on an H200 (bf16 autocast). Per (schedule, m): the median step time
 from a barrier to the slowest rank's end, tokens/s, the bubble measured from the
 ranks' GPU-time spans beside the simulator's bubble for the measured pass times and
 the 1F1B theory (p - 1) / (m + p - 1), the fraction of the step spent waiting in
@@ -24,19 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
-
-from small_gpt import Config, SmallGPT, loss_fn
-
 import megalith_comm as comm
+from megalith.models import GPTConfig, create, get_config
 from megalith_pipeline import (
     Pipeline,
     make_schedule,
@@ -50,29 +45,40 @@ SCHEDULES = ("1f1b", "interleaved", "zb-v", "gpipe")
 CHECK_TOL = 1e-4
 
 
-def bench_config(cuda: bool, n: int) -> tuple[Config, int]:
+def gpt(preset: str, **fields) -> GPTConfig:
+    """A megalith.models preset with an untied head (the stages hold no shared weight)."""
+    return get_config(preset, tie_word_embeddings=False, **fields)
+
+
+def bench_config(cuda: bool, n: int) -> tuple[GPTConfig, int]:
     """The timed model and its micro-batch size: on an H200 a forward pass of a stage
     (4 blocks of width 2048 over 8 x 1024 tokens, bf16) takes several ms."""
     if cuda:
-        return Config(vocab=8192, dim=2048, layers=4 * n, heads=16, seq=1024), 8
-    return Config(vocab=512, dim=64, layers=4 * n, heads=4, seq=32), 2
+        return gpt("gpt-1.3b", n_layers=4 * n, vocab_size=8192, max_seq_len=1024), 8
+    small = {"d_model": 64, "d_ff": 256, "vocab_size": 512, "max_seq_len": 32}
+    return gpt("gpt-tiny", n_layers=4 * n, **small), 2
 
 
-def check_config(n: int) -> Config:
-    return Config(vocab=512, dim=128, layers=2 * n, heads=4, seq=64)
+def check_config(n: int) -> GPTConfig:
+    return gpt("gpt-tiny", n_layers=2 * n, vocab_size=512, max_seq_len=64)
 
 
-def data(c: Config, batch: int, device: torch.device, seed: int = 0) -> tuple:
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    )
+
+
+def data(c: GPTConfig, batch: int, device: torch.device, seed: int = 0) -> tuple:
     g = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, c.vocab, (batch, c.seq), generator=g)
-    y = torch.randint(0, c.vocab, (batch, c.seq), generator=g)
+    x = torch.randint(0, c.vocab_size, (batch, c.max_seq_len), generator=g)
+    y = torch.randint(0, c.vocab_size, (batch, c.max_seq_len), generator=g)
     return x.to(device), y.to(device)
 
 
-def build(c: Config, device: torch.device) -> SmallGPT:
-    torch.manual_seed(0)
-    with torch.device(device):
-        return SmallGPT(c)
+def build(c: GPTConfig, device: torch.device) -> torch.nn.Module:
+    """The same values on every rank (megalith.models seeds each parameter by its name)."""
+    return create(c, device=device, seed=0)
 
 
 def sync(device: torch.device) -> None:
@@ -152,12 +158,12 @@ def perf_rows(args, world, device: torch.device, peer_group) -> list[dict]:
                 "schedule": name,
                 "m": m,
                 "micro_batch": mb,
-                "seq": c.seq,
-                "dim": c.dim,
-                "layers": c.layers,
+                "seq": c.max_seq_len,
+                "dim": c.d_model,
+                "layers": c.n_layers,
                 "precision": "bf16 autocast" if cuda else "fp32",
                 "step_ms": med(times) * 1e3,
-                "tokens_per_s": m * mb * c.seq / med(times),
+                "tokens_per_s": m * mb * c.max_seq_len / med(times),
                 "bubble_measured": med(measured_bubble(st) for st in by_step),
                 "bubble_simulated": med(
                     simulate(sched, mean_pass_times(st, sched.num_stages)).bubble_fraction

@@ -6,7 +6,7 @@ usage: bench_cpu_step.py IMPL LOG2N THREADS [WARMUP=2] [STEPS=5]
        bench_cpu_step.py --list
 
 One configuration per process. Prints one line in the format of the peer
-harness (/work/shared/bench/cpu/bench_opt.py), so both can be summarised together:
+harness (../shared/bench/cpu/bench_opt.py beside the checkout), so both can be summarised together:
 
     RESULT impl=.. log2n=.. threads=.. bpp=.. ms=t1,t2,... engine_threads=.. simd=..
 

@@ -3,7 +3,8 @@
 
 usage: gpu_adam.py [--out PATH] [--steps 30] [--warmup 5] [--scale 1.0] [--layouts 8x125M,gpt292]
 
-Two layouts of ~1e9 fp32 parameters (the ideas of /work/shared/bench/gpu/adam_layouts.py):
+Two layouts of ~1e9 fp32 parameters (the ideas of ../shared/bench/gpu/adam_layouts.py, the
+shared peer harness beside the checkout):
   8x125M   eight flat tensors of 125M elements
   gpt292   the 292 tensors of a d=2048, 18-layer GPT with separate q/k/v (~1.014e9)
 
@@ -18,10 +19,10 @@ and the device-to-device copy bandwidth (read + write) of a 4 GiB buffer, the ce
 Each step is bracketed by CUDA events without host syncs in between (the host runs
 ahead, so launch overhead is hidden as it is in training); warm-up steps first; the
 median of --steps timed steps is reported. Bytes per param count one ideal pass (bytes
-read + bytes written), as the anchors in /work/shared/ANCHORS.md do.
+read + bytes written), as the anchors in ../shared/ANCHORS.md do.
 
 Prints a table and appends JSON lines to --out
-(default benchmarks/results/gpu_adam_<UTC date>.jsonl).
+(default benchmarks/results/optim_gpu/<UTC date>_gpu.jsonl: rename gpu to the machine).
 """
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ def check_against_torch(params, grads, steps=3):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    ap.add_argument("--out", default=f"benchmarks/results/gpu_adam_{today}.jsonl")
+    ap.add_argument("--out", default=f"benchmarks/results/optim_gpu/{today}_gpu.jsonl")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--scale", type=float, default=1.0, help="shrink the layouts (smoke tests)")

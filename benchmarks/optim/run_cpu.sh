@@ -7,35 +7,40 @@
 #   SUMMARY_ONLY=1 RAW=path bash benchmarks/optim/run_cpu.sh   # re-make the table from a raw log
 #
 # Peers are timed by the shared harness's own bench_opt.py in its own venvs
-# under $WORK (default /tmp/cpubench, shared with /work/shared/bench/cpu/run_peers.sh);
+# under $WORK (default ${XDG_CACHE_HOME:-~/.cache}/megalith/cpubench; set WORK to the WORK of
+# $MEGALITH_SHARED/bench/cpu/run_peers.sh to reuse the venvs it made);
 # if they are missing, run_peers.sh is called once with ROUNDS=0 to create and
 # check them (minutes: pip installs plus DeepSpeed/ColossalAI JIT builds).
 # megalith is timed by bench_cpu_step.py in $MEGALITH_PYTHON (the dev venv).
 # Every config runs once per round, the start position rotated each round; the
 # stream.c ceiling (adamw kernel) is measured inside the rounds too.
 #
-# Knobs: ROUNDS (3) QUICK (0) WARMUP (2) STEPS (5) WORK (/tmp/cpubench)
+# Knobs: ROUNDS (3) QUICK (0) WARMUP (2) STEPS (5) WORK (see above)
 #        PEERS ("torch-foreach torch-fused torch-fused+bf16 ds ds-bf16 cai cai-fp16grad")
-#        MEGALITH_PYTHON (/work/venv/bin/python) SHARED_CPU (/work/shared/bench/cpu)
-#        RESULTS (benchmarks/results) MAX_WAIT / MAX_WAIT_TOTAL (900 / 3600 s: waits for a quiet machine)
+#        MEGALITH_PYTHON (the python3 on PATH: the activated dev venv)
+#        MEGALITH_SHARED (the peers' shared checkout, default ../shared beside this repository)
+#        SHARED_CPU ($MEGALITH_SHARED/bench/cpu) MACHINE (cpu: the file names' machine)
+#        RESULTS (benchmarks/results/optim_cpu) MAX_WAIT / MAX_WAIT_TOTAL (900 / 3600 s: waits for a quiet machine)
 #        BUSY_MAX (0.15: quiet = no compiler running and CPUs at most this busy)
-# Writes RESULTS/cpu_optim_raw_<date>.txt and RESULTS/cpu_optim_<date>.md
-# (QUICK=1: ..._<date>_quick.*, ignored by git).
+# Writes RESULTS/<date>_<machine>_raw.txt and RESULTS/<date>_<machine>.md
+# (QUICK=1: <date>_<machine>_quick*, ignored by git).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
-SHARED="${SHARED_CPU:-/work/shared/bench/cpu}"
-WORK="${WORK:-/tmp/cpubench}"
+MEGALITH_SHARED="${MEGALITH_SHARED:-$REPO/../shared}"
+SHARED="${SHARED_CPU:-$MEGALITH_SHARED/bench/cpu}"
+WORK="${WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/megalith/cpubench}"
+MACHINE="${MACHINE:-cpu}"
 ROUNDS="${ROUNDS:-3}"
 QUICK="${QUICK:-0}"
 WARMUP="${WARMUP:-2}"
 STEPS="${STEPS:-5}"
-MPY="${MEGALITH_PYTHON:-/work/venv/bin/python}"
+MPY="${MEGALITH_PYTHON:-$(command -v python3)}"
 PY="${PYTHON:-python3}"
 MAX_WAIT="${MAX_WAIT:-900}"
 MAX_WAIT_TOTAL="${MAX_WAIT_TOTAL:-3600}"
 read -r -a PEER_LIST <<< "${PEERS:-torch-foreach torch-fused torch-fused+bf16 ds ds-bf16 cai cai-fp16grad}"
-RESULTS="${RESULTS:-$REPO/benchmarks/results}"
+RESULTS="${RESULTS:-$REPO/benchmarks/results/optim_cpu}"
 SUMMARIZE="$HERE/summarize_cpu.py"
 
 if [[ "${SUMMARY_ONLY:-0}" == 1 ]]; then exec "$PY" "$SUMMARIZE" "${RAW:?RAW=path of a raw log}"; fi
@@ -43,13 +48,12 @@ if [[ "${SUMMARY_ONLY:-0}" == 1 ]]; then exec "$PY" "$SUMMARIZE" "${RAW:?RAW=pat
 mkdir -p "$RESULTS" "$WORK/results"
 DATE="$(date -u +%F)"
 SUF=""; [[ $QUICK == 1 ]] && SUF="_quick"
-RAW="$RESULTS/cpu_optim_raw_${DATE}${SUF}.txt"
-MD="$RESULTS/cpu_optim_${DATE}${SUF}.md"
-if [[ -e "$RAW" ]]; then  # a second run on the same day keeps the first
-  STAMP="$(date -u +%H%M)"
-  RAW="$RESULTS/cpu_optim_raw_${DATE}T${STAMP}${SUF}.txt"
-  MD="$RESULTS/cpu_optim_${DATE}T${STAMP}${SUF}.md"
+NAME="${DATE}_${MACHINE}"
+if [[ -e "$RESULTS/${NAME}${SUF}_raw.txt" ]]; then  # a second run on the same day keeps the first
+  NAME="${NAME}_T$(date -u +%H%M)"
 fi
+RAW="$RESULTS/${NAME}${SUF}_raw.txt"
+MD="$RESULTS/${NAME}${SUF}.md"
 
 # the same environment the shared run_peers.sh gives the peers
 export PIP_CACHE_DIR="$WORK/pipcache"

@@ -1,11 +1,11 @@
 """Pipeline step time per schedule on CPU ranks, beside torch.distributed.pipelining.
 
     python benchmarks/pipeline/cpu_schedules.py [--pp 2 4] [--microbatches 8] [--steps 15]
-        [--out benchmarks/results/pipeline_cpu_<date>.md]
+        [--out benchmarks/results/pipeline/<date>_cpu.md]
 
 For each pp it spawns pp CPU ranks (Gloo, one thread each) and, in one process
-group, runs every schedule of megalith_pipeline on a small GPT (small_gpt.py:
-embedding, blocks, head; cut by layer count) and the matching schedule of
+group, runs every schedule of megalith_pipeline on a small GPT (megalith.models' gpt-tiny
+with 8 blocks, cut by its pipeline_parts(): embedding, blocks, head) and the matching schedule of
 torch.distributed.pipelining on the same stages. A step is the forward and backward
 of every micro-batch (no optimizer), timed from a barrier to the slowest rank's end;
 the median over the timed steps is reported. Beside it: the bubble measured from the
@@ -26,25 +26,39 @@ import datetime as dt
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from megalith.models import GPTConfig, create, get_config, num_parameters
 
-from small_gpt import Config, SmallGPT, loss_fn  # noqa: E402
+#: megalith.models' gpt-tiny (d128, 4 heads) with 8 blocks, seq 64, a 2048-token vocabulary
+#: and an untied head: 2.12 M params, the model of the earlier results
+CONFIG = get_config(
+    "gpt-tiny", n_layers=8, max_seq_len=64, vocab_size=2048, tie_word_embeddings=False
+)
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 BATCH = 16
 
 
-def _data(c: Config) -> tuple[torch.Tensor, torch.Tensor]:
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    )
+
+
+def _model(c: GPTConfig) -> torch.nn.Module:
+    """The same values on every rank (megalith.models seeds each parameter by its name)."""
+    return create(c, device="cpu", seed=0)
+
+
+def _data(c: GPTConfig) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return torch.randint(0, c.vocab, (BATCH, c.seq), generator=g), torch.randint(
-        0, c.vocab, (BATCH, c.seq), generator=g
+    shape = (BATCH, c.max_seq_len)
+    return torch.randint(0, c.vocab_size, shape, generator=g), torch.randint(
+        0, c.vocab_size, shape, generator=g
     )
 
 
@@ -87,10 +101,9 @@ def _torch_peer(name: str, pipe, x, y, m: int):
     return run
 
 
-def _whole_model(c: Config, x: torch.Tensor, y: torch.Tensor, m: int):
+def _whole_model(c: GPTConfig, x: torch.Tensor, y: torch.Tensor, m: int):
     """The no-pipeline reference: the whole model on one rank, m micro-batches accumulated."""
-    torch.manual_seed(0)
-    model = SmallGPT(c)
+    model = _model(c)
 
     def run():
         for xs, ys in zip(x.chunk(m), y.chunk(m)):
@@ -107,7 +120,7 @@ def worker(rank: int, cfg: dict) -> dict:
     from megalith_pipeline import Pipeline
 
     torch.set_num_threads(1)
-    c = Config()
+    c = CONFIG
     x, y = _data(c)
     m, world = cfg["m"], comm.get_world().world_size
     # (schedule, library, run, pipe); on ranks > 0 the whole-model run is a wait at the barrier
@@ -115,12 +128,9 @@ def worker(rank: int, cfg: dict) -> dict:
     runners: list[tuple[str, str, object, object]] = [("-", "whole", whole, None)]
     errors = {}
     for name in SCHEDULES:
-        torch.manual_seed(0)
         # A group per pipeline: its channels' shape caches and tags are its own.
         group = comm.new_group(range(world), name=f"bench_{name}", exclusive=True)
-        pipe = Pipeline(
-            SmallGPT(c), num_microbatches=m, schedule=name, loss_fn=loss_fn, group=group
-        )
+        pipe = Pipeline(_model(c), num_microbatches=m, schedule=name, loss_fn=loss_fn, group=group)
 
         def run(pipe=pipe):
             pipe.step(x, y)
@@ -170,10 +180,10 @@ def main() -> None:
     ap.add_argument("--max-load", type=float, default=1.0, help="wait for a load below this")
     ap.add_argument("--max-wait", type=float, default=600.0, help="but at most this long (s)")
     args = ap.parse_args()
-    c = Config()
+    c = CONFIG
     m = args.microbatches
-    tokens = BATCH * c.seq
-    params = sum(p.numel() for p in SmallGPT(c).parameters())
+    tokens = BATCH * c.max_seq_len
+    params = num_parameters(c)
     med = statistics.median
     rows, loads = [], []
     for pp in args.pp:
@@ -208,7 +218,8 @@ def main() -> None:
             print(rows[-1], flush=True)
     lines = [
         f"# Pipeline schedules on CPU ranks: small GPT ({params / 1e6:.2f} M params, "
-        f"{c.layers} blocks, dim {c.dim}, seq {c.seq}), batch {BATCH} in {m} micro-batches",
+        f"{c.n_layers} blocks, dim {c.d_model}, seq {c.max_seq_len}), batch {BATCH} in {m} "
+        "micro-batches",
         "",
         f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC; torch {torch.__version__}, "
         f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), one thread per "

@@ -1,6 +1,6 @@
 """Step time of a small Llama at tensor parallel 2 beside DDP on the same 2 CPU ranks.
 
-    python benchmarks/tp/cpu_tp2.py [--steps 10] [--out benchmarks/results/tp_cpu_<date>.md]
+    python benchmarks/tp/cpu_tp2.py [--steps 10] [--out benchmarks/results/tp/<date>_cpu.md]
 
 One process group (2 Gloo ranks, one thread each) runs, step by step alternating so a
 drift in the machine's load hits all alike: torch DDP (each rank half the batch, the

@@ -1,7 +1,7 @@
 """`megalith train` tokens/s per plugin beside a plain torch DDP script, same 2 CPU ranks,
 same run (alternating, so drift on the shared machine hits both).
 
-    python benchmarks/train/cpu_plugins.py --steps 100 --rounds 2 --out benchmarks/results/train_cpu_<date>.md
+    python benchmarks/train/cpu_plugins.py --steps 100 --rounds 2 --out benchmarks/results/train/<date>_cpu.md
 """
 
 from __future__ import annotations

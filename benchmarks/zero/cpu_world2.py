@@ -1,6 +1,9 @@
 """ZeRO on CPU ranks beside torch DDP and FSDP2 (fully_shard), same small GPT, same run.
 
-    python benchmarks/zero/cpu_world2.py [--world 2] [--steps 10] [--out benchmarks/results/...md]
+The model: megalith.models' gpt-tiny widened to d256 (4 blocks, 4 heads, seq 128, an
+8192-token vocabulary, tied head; 5.29 M params, the model of the earlier results).
+
+    python benchmarks/zero/cpu_world2.py [--world 2] [--steps 10] [--out benchmarks/results/zero_cpu/<date>_cpu_world2.md]
 
 Each mode runs in fresh rank processes (one thread each): warm-up steps, then the
 median step time (forward + backward + optimizer step, AdamW, fp32). Memory per
@@ -18,15 +21,14 @@ import argparse
 import os
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from megalith.models import create, get_config
 
-from small_gpt import GPT, GPTConfig
+CONFIG = get_config("gpt-tiny", d_model=256, d_ff=1024, max_seq_len=128, vocab_size=8192)
 
 MODES = ["ddp", "fsdp2", "zero1", "zero2", "zero3"]
 
@@ -54,13 +56,12 @@ def bench(rank: int, mode: str, steps: int, warmup: int, batch: int):
 
     torch.set_num_threads(1)
     world = comm.get_world()
-    cfg = GPTConfig()
+    cfg = CONFIG
     rss0 = _rss_mib()
-    torch.manual_seed(0)
-    model = GPT(cfg)
+    model = create(cfg, device="cpu", seed=0)  # the same values on every rank
     g = torch.Generator().manual_seed(rank)
     data = [
-        torch.randint(0, cfg.vocab, (batch, cfg.seq + 1), generator=g)
+        torch.randint(0, cfg.vocab_size, (batch, cfg.max_seq_len + 1), generator=g)
         for _ in range(steps + warmup)
     ]
 
@@ -79,7 +80,7 @@ def bench(rank: int, mode: str, steps: int, warmup: int, batch: int):
         from torch.distributed.fsdp import fully_shard
 
         mesh = init_device_mesh("cpu", (world.world_size,))
-        for b in model.blocks:
+        for b in model.pipeline_parts()[1]:  # the blocks
             fully_shard(b, mesh=mesh)
         fully_shard(model, mesh=mesh)
         net = model
@@ -102,7 +103,7 @@ def bench(rank: int, mode: str, steps: int, warmup: int, batch: int):
         t0 = time.perf_counter()
         logits = net(tokens[:, :-1])
         loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, cfg.vocab), tokens[:, 1:].reshape(-1)
+            logits.reshape(-1, cfg.vocab_size), tokens[:, 1:].reshape(-1)
         )
         backward(loss)
         step()
@@ -157,7 +158,7 @@ def main() -> None:
     fsdp = next((r for r in rows if r["mode"] == "fsdp2"), None)
     lines = [
         f"# ZeRO on CPU ranks: world {a.world}, small GPT ({rows[0]['params'] / 1e6:.2f} M params, fp32, AdamW), "
-        f"batch {a.batch} x {GPTConfig().seq} per rank, {a.steps} timed steps",
+        f"batch {a.batch} x {CONFIG.max_seq_len} per rank, {a.steps} timed steps",
         "",
         f"torch {torch.__version__}, {os.cpu_count()} CPUs, one thread per rank. Same run, fresh ranks per mode.",
         "",

@@ -9,7 +9,7 @@ zero3-offload (every master and optimizer state in pinned host memory; issue 5),
 policy over a one-rank group, so every tp layer and its collectives run; issue 9).
 
     python -m torch.distributed.run --nproc_per_node 1 benchmarks/zero/gpu_gpt.py \
-        --batch 16 --out benchmarks/results/gpt1p3b_gpu_<date>.md
+        --batch 16 --out benchmarks/results/zero_gpu/<date>_<machine>_gpt1p3b.md
 """
 
 from __future__ import annotations
