@@ -1,4 +1,4 @@
-"""megalith_zero's HostStepper on its own (CPU): the pipelined host update writes only the
+"""megalith_offload's HostStepper on its own (CPU): the pipelined host update writes only the
 pieces it is given, surfaces a failed update at wait() and stays usable, and a stepper
 dropped without close() stops its worker thread and returns its staging memory."""
 
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megalith_offload import HostTier
-from megalith_zero.host_step import HostStepper
+from megalith_core.memory import StateMemory
+from megalith_offload import HostStepper
 
 
 def chunk(n: int, seed: int) -> SimpleNamespace:
@@ -31,7 +31,7 @@ def double_grad(grads: torch.Tensor, params: torch.Tensor) -> None:
 
 def test_updates_only_the_given_pieces_in_order():
     chunks = [chunk(n, i) for i, n in enumerate((5, 9, 7, 9, 3))]
-    tier = HostTier(pinned=False)
+    tier = StateMemory.host(pinned=False)
     stepper = HostStepper(chunks, tier, torch.device("cpu"), slots=2)
     before = [c.shard.clone() for c in chunks]
     seen = []
@@ -59,7 +59,7 @@ def test_updates_only_the_given_pieces_in_order():
 
 def test_a_failed_update_is_raised_at_wait_and_the_next_step_runs():
     c = chunk(8, 0)
-    stepper = HostStepper([c], HostTier(pinned=False), torch.device("cpu"))
+    stepper = HostStepper([c], StateMemory.host(pinned=False), torch.device("cpu"))
 
     def fail(grads, params):
         raise ValueError("lr=-1 is not allowed")
@@ -79,7 +79,7 @@ def _workers() -> list[threading.Thread]:
 
 
 def test_a_dropped_stepper_stops_its_worker_and_frees_staging():
-    tier = HostTier(pinned=False)
+    tier = StateMemory.host(pinned=False)
     c = chunk(1 << 16, 1)
     before = len(_workers())
     stepper = HostStepper([c], tier, torch.device("cpu"))
@@ -98,13 +98,13 @@ def test_a_dropped_stepper_stops_its_worker_and_frees_staging():
 EXIT_SCRIPT = """
 import sys, time, torch
 from types import SimpleNamespace
-from megalith_offload import HostTier
-from megalith_zero.host_step import HostStepper
+from megalith_core.memory import StateMemory
+from megalith_offload import HostStepper
 
 n = 1000
 c = SimpleNamespace(spec=SimpleNamespace(shard_numel=n), shard_grad=torch.randn(n),
                     shard=torch.zeros(n))
-stepper = HostStepper([c], HostTier(pinned=False), torch.device("cpu"), slots=2)
+stepper = HostStepper([c], StateMemory.host(pinned=False), torch.device("cpu"), slots=2)
 
 def slow(grads, params):
     time.sleep(0.5)
@@ -141,7 +141,7 @@ def test_chunks_updated_in_place_get_no_parameter_staging():
     chunks = [chunk(n, i) for i, n in enumerate((5, 9))]
     for c in chunks:
         c.params_on_host = True
-    tier = HostTier(pinned=False)
+    tier = StateMemory.host(pinned=False)
     stepper = HostStepper(chunks, tier, torch.device("cpu"), slots=2)
     assert tier.report().get("param_staging", (0, 0))[0] == 0
     assert tier.report()["grad_staging"][0] > 0

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from megalith.testing import run_grid
-from megalith_offload import ChunkCost, HostTier, OffloadConfig, SwapStore, plan
+from megalith_core.memory import StateMemory
+from megalith_offload import ChunkCost, OffloadConfig, SwapStore, plan
 from megalith_offload.placement import PARAM_SWAP_SLOTS, padded
 from tests.offload.worker import Case, Refused, Resume, dispatch
 
@@ -158,7 +159,7 @@ def test_plan_counts_parameter_files_and_their_staging():
 
 
 def test_parameter_ring_finishes_a_holder_before_reusing_its_buffer(tmp_path):
-    host = HostTier(pinned=False)
+    host = StateMemory.host(pinned=False)
     cfg = OffloadConfig(tier="nvme", swap_dir=str(tmp_path), run_name="unit")
     store = SwapStore(cfg, 0, host, 1, 4096, param_slots=2, param_slot_bytes=8192)
     files = store.params
@@ -207,7 +208,7 @@ class _Deferred:
 def test_parameter_read_waits_for_the_write_back_of_its_file(tmp_path):
     """A write-back from one staging buffer is still in flight when the next read of
     the same file starts into the other buffer: the read must see the written values."""
-    host = HostTier(pinned=False)
+    host = StateMemory.host(pinned=False)
     cfg = OffloadConfig(tier="nvme", swap_dir=str(tmp_path), run_name="unit")
     store = SwapStore(cfg, 0, host, 1, 4096, param_slots=2, param_slot_bytes=8192)
     files = store.params

@@ -37,7 +37,7 @@ def test_cli_offload(tmp_path, tier):
     swap = tmp_path / "swap"
     swap.mkdir()
     where = ["--swap-dir", str(swap)] if tier != "cpu" else ["--max-norm", "0"]
-    said, placed = f"(offload {tier})", r"host: master"
+    said, placed = f"(offload {'host' if tier == 'cpu' else tier})", r"host: master"
     if tier == "nvme":
         placed = r"host: master .*; nvme: optim_states"
     if tier == "nvme-masters":  # the fp32 masters in the swap files too

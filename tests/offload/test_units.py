@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from megalith import _engine
-from megalith_offload import ChunkCost, HostTier, OffloadConfig, SwapStore, file_bytes, plan
+from megalith_core.memory import StateMemory
+from megalith_offload import ChunkCost, OffloadConfig, SwapStore, file_bytes, plan
 
 
 @pytest.mark.parametrize(
@@ -105,7 +106,7 @@ def test_parameters_go_to_the_host_only_with_their_states():
 
 
 def test_host_tier_accounting_and_limit():
-    host = HostTier(limit_bytes=64 * 1024, pinned=False, kinds=("master",))
+    host = StateMemory.host(limit_bytes=64 * 1024, pinned=False, kinds=("master",))
     a = host.zeros("master", 1000)
     b = host.empty("optim_states", 3000)
     assert a.data_ptr() % 4096 == 0 and b.data_ptr() % 4096 == 0 and not a.any()
@@ -120,7 +121,7 @@ def test_host_tier_accounting_and_limit():
 def test_swap_store_round_trip_overlapped(tmp_path, gen, backend):
     if backend == "uring" and _engine.io.uring_unavailable_reason():
         pytest.skip(_engine.io.uring_unavailable_reason())
-    host = HostTier(pinned=False)
+    host = StateMemory.host(pinned=False)
     cfg = OffloadConfig(tier="nvme", swap_dir=str(tmp_path), run_name="unit", io_backend=backend)
     sizes = {0: 1000, 1: 1, 2: 4097, 3: 777}
     slot = max(file_bytes(n, 2) for n in sizes.values())
@@ -166,7 +167,9 @@ def test_zero_config_offload_field(monkeypatch):
 
 def test_swap_store_one_slot_no_overlap(tmp_path):
     cfg = OffloadConfig(tier="nvme", swap_dir=str(tmp_path), run_name="one")
-    store = SwapStore(cfg, 0, HostTier(pinned=False), slots=1, slot_bytes=file_bytes(100, 1))
+    store = SwapStore(
+        cfg, 0, StateMemory.host(pinned=False), slots=1, slot_bytes=file_bytes(100, 1)
+    )
     for k in range(3):
         store.ensure(k, ("m",), 100)
     for _ in range(2):

@@ -105,12 +105,13 @@ def _run(rank: int, n: int, case: Case, zmodel, zopt) -> dict:
     state = {k: v.cpu() for k, v in zmodel.full_state_dict().items()}
     zopt.close()  # idempotent
     gone = swap is None or not os.path.exists(swap)
+    host = next((t for t in zopt.tiers if t.name == "host"), None)
     return {
         "losses": losses,
         "params": state if rank == 0 else None,
         "report": report,
         # host chunks the device updated (OffloadConfig.visit_frac)
-        "visited": [c.spec.index for c in zopt.trainable if zopt._visits(c)],
+        "visited": [c.spec.index for c in zopt.trainable if host and host.visiting(c)],
         "visits_ran": zopt.visits is not None,
         "visit_frac": zopt.visit_frac,  # as given, or as chosen (visit_frac="auto")
         "visit_timing": zopt.visit_timing,

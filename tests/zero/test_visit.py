@@ -1,4 +1,4 @@
-"""megalith_zero's DeviceVisits on its own (CPU ranks: the slots are CPU memory): a
+"""megalith_offload's DeviceVisits on its own (CPU ranks: the slots are CPU memory): a
 visiting chunk's master and states go through a slot and come back updated exactly as
 the same update in place would leave them, with more chunks than slots and chunks
 smaller than a slot. The training-level tests are in test_offload_visit.py."""
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import torch
 
 from megalith_core.memory import StateMemory
-from megalith_zero.visit import DeviceVisits
+from megalith_offload.visit import DeviceVisits
 from tests.support.gpu import gpu
 
 NAMES = ("exp_avg", "exp_avg_sq")
@@ -60,10 +60,8 @@ def test_visits_on_cuda_equal_the_update_in_place():
     """CUDA: masters and states in page-locked host memory, gradients and working params
     on the GPU, the update on a side stream; slower copies than updates must not let a
     slot be overwritten before its copy down."""
-    from megalith_offload import HostTier
-
     dev = torch.device("cuda")
-    host = HostTier(pinned=True)
+    host = StateMemory.host(pinned=True)
     sizes = (1 << 20, 7, 1 << 20, 513, (1 << 20) - 1)
 
     def on_gpu(c: SimpleNamespace) -> SimpleNamespace:

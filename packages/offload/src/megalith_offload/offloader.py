@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
+
+import torch
 
 from megalith_core import _engine
+from megalith_core.memory import StateMemory
 
+from .chunk import OffloadableChunk
 from .config import OffloadConfig
-from .host import HostTier, host_threads
 from .placement import ChunkCost, Plan, plan
 from .swap import SwapStore
+from .threads import host_threads
 
 
 class Offloader:
-    """Plans where each chunk's states live and owns the host tier and NVMe store.
+    """Plans where each chunk's states live, owns the host arena and NVMe store, and
+    keeps the record of where every chunk is: its tier ("device", "host" or "nvme"),
+    whether its parameter shard lives in host memory or in a swap file, and whether
+    its master lives in the swap file. Only its own methods change that record.
+
+    Chunks are named by their key (the layout's chunk index); a key the plan does not
+    hold (a frozen chunk) is on the device.
 
     report() gives (current, peak) bytes per "<kind>@<tier>" from the engine's
     accounting: master@host, optim_states@host, swap_staging@host, optim_states@nvme,
@@ -24,22 +34,25 @@ class Offloader:
     def __init__(
         self,
         config: OffloadConfig,
-        costs: Sequence[ChunkCost],
+        costs: Mapping[int, ChunkCost],
         rank: int,
         pinned: bool | None = None,
         param_frac: float | None = None,
     ):
-        """param_frac: instead of config.param_frac (see plan)."""
+        """costs: per key, in layout order; param_frac: instead of config.param_frac
+        (see plan)."""
         self.config = config
-        self.plan: Plan = plan(costs, config, param_frac)
-        self.tiers = list(self.plan.tiers)  # as placed now (auto placement changes them)
+        self._position = {key: i for i, key in enumerate(costs)}
+        self.plan: Plan = plan(list(costs.values()), config, param_frac)
+        self._tiers = list(self.plan.tiers)  # as placed now (auto placement changes them)
+        self._params_on_host = list(self.plan.params_on_host or [False] * len(costs))
         kinds = {"host": ("master", "optim_states"), "nvme": ("master", "swap_staging")}.get(
             config.tier, ("master", "optim_states", "swap_staging")
         )
         if self.plan.param_slots:
             kinds = (*kinds, "param_swap_staging")
-        self.host = HostTier(config.host_budget_bytes, pinned, kinds)
-        if any(t != "device" for t in self.tiers):
+        self.host = StateMemory.host(config.host_budget_bytes, pinned, kinds)
+        if any(t != "device" for t in self._tiers):
             _engine.set_num_threads(host_threads(config.cpu_threads))
         self.swap: SwapStore | None = None
         if self.plan.slots:
@@ -53,24 +66,82 @@ class Offloader:
                 self.plan.param_slot_bytes,
             )
 
-    def tier(self, index: int) -> str:
-        return self.tiers[index]
-
-    def params_on_host(self, index: int) -> bool:
-        """Whether the chunk's working-parameter shard leaves the device (param_frac): for
-        host memory, or (params_on_nvme) for a swap file read through host staging."""
-        return self.params_on_nvme(index) or (
-            bool(self.plan.params_on_host) and self.plan.params_on_host[index]
-        )
-
-    def params_on_nvme(self, index: int) -> bool:
-        """Whether the chunk's working-parameter shard lives in a swap file (param_tier)."""
-        return bool(self.plan.params_on_nvme) and self.plan.params_on_nvme[index]
+    # -- where a chunk is ---------------------------------------------------------
+    def tier_of(self, key: int) -> str:
+        i = self._position.get(key)
+        return "device" if i is None else self._tiers[i]
 
     @property
-    def offloaded(self) -> list[int]:
-        return [i for i, t in enumerate(self.tiers) if t != "device"]
+    def tiers(self) -> tuple[str, ...]:
+        """Per planned chunk, in layout order, as placed now."""
+        return tuple(self._tiers)
 
+    def params_on_host(self, key: int) -> bool:
+        """Whether the chunk's working-parameter shard lives in host memory (param_frac)."""
+        i = self._position.get(key)
+        return i is not None and self._params_on_host[i]
+
+    def params_on_nvme(self, key: int) -> bool:
+        """Whether the chunk's working-parameter shard lives in a swap file (param_tier)."""
+        i = self._position.get(key)
+        return i is not None and bool(self.plan.params_on_nvme) and self.plan.params_on_nvme[i]
+
+    def masters_on_nvme(self, key: int) -> bool:
+        """Whether the chunk's fp32 master lives in its states' swap file (master_tier)."""
+        return self.tier_of(key) == "nvme" and self.config.master_tier == "nvme"
+
+    def params_off_device(self, key: int) -> bool:
+        return self.params_on_host(key) or self.params_on_nvme(key)
+
+    # -- moves (automatic placement) ----------------------------------------------
+    def move_to_device(self, chunk: OffloadableChunk, names: tuple[str, ...]) -> None:
+        """Moves an offloaded chunk's fp32 master and optimizer states (`names`) to the
+        device tier: device memory is allocated and counted by the engine, the values
+        copied, the host copies freed (NVMe: the file dropped); the optimizer steps the
+        chunk with the device kernel from then on."""
+        key = chunk.spec.index
+        if self.tier_of(key) == "device":
+            return
+        s = chunk.spec.shard_numel
+        if chunk.shard.dtype == torch.float32:
+            master = chunk.shard  # fp32 on the device tier: the shard is the master
+        else:
+            master = chunk.memory.empty("master", s, torch.float32)
+        on_nvme, in_file = self.tier_of(key) == "nvme", self.masters_on_nvme(key)
+        if not in_file:
+            master.copy_(chunk.master)  # (equal already when the shard is the master)
+        states = {n: chunk.memory.empty("optim_states", s, torch.float32) for n in names}
+        if on_nvme:
+            loaded = {SwapStore.MASTER: master, **states} if in_file else states
+            if loaded and self.swap.has(key):
+                self.swap.load(key, loaded)
+            else:  # never stepped: the states start at zeros
+                for t in states.values():
+                    t.zero_()
+            self.swap.drop(key)
+        else:
+            for n, t in states.items():
+                if n in chunk.states:
+                    t.copy_(chunk.states[n])
+                else:
+                    t.zero_()
+        chunk.master, chunk.states = master, states
+        self._tiers[self._position[key]] = "device"
+
+    def move_params_to_device(self, chunk: OffloadableChunk) -> None:
+        """Moves a parameter shard kept in host memory to the device (automatic placement
+        at stage 3): device memory from the engine, the values copied, the host copy
+        freed. Gathers read it there from then on; the host update of the chunk (its
+        states still offloaded) sends the new values up as for any device shard."""
+        key = chunk.spec.index
+        if not self.params_on_host(key):
+            return
+        shard = chunk.memory.empty("params", chunk.spec.shard_numel, chunk.shard.dtype)
+        shard.copy_(chunk.shard)
+        chunk.replace_shard(shard)
+        self._params_on_host[self._position[key]] = False
+
+    # -- accounting ---------------------------------------------------------------
     def report(self) -> dict[str, tuple[int, int]]:
         out = {f"{k}@host": v for k, v in self.host.report().items()}
         if self.swap is not None:

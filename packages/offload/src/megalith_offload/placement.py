@@ -28,8 +28,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from megalith_core.memory import HOST_ALIGNMENT as ALIGNMENT
+
 from .config import OffloadConfig
-from .host import ALIGNMENT
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,10 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 import torch
 
 from megalith_core import _engine
+from megalith_core.memory import HOST_ALIGNMENT as ALIGNMENT
+from megalith_core.memory import StateMemory
 
 from .config import OffloadConfig
-from .host import ALIGNMENT, HostTier
 from .placement import padded
 
 FLOAT = 4  # states are fp32
@@ -96,7 +97,7 @@ class SwapStore:
         self,
         config: OffloadConfig,
         rank: int,
-        host: HostTier,
+        host: StateMemory,
         slots: int,
         slot_bytes: int,
         param_slots: int = 0,
@@ -297,7 +298,9 @@ class ParamFiles:
     """Working-parameter shards per key (a chunk), one file each in the swap directory,
     moved through a ring of host staging buffers ([Note: parameter files])."""
 
-    def __init__(self, swap_dir: _engine.io.SwapDir, host: HostTier, slots: int, slot_bytes: int):
+    def __init__(
+        self, swap_dir: _engine.io.SwapDir, host: StateMemory, slots: int, slot_bytes: int
+    ):
         self.dir = swap_dir
         self._files: dict[Hashable, tuple[_engine.io.SwapFile, int, torch.dtype]] = {}
         self._slots = [

@@ -11,12 +11,12 @@ import megalith_comm as comm
 from megalith_core.memory import StateMemory
 from megalith_core.optim.rules import check_group, rule_for
 
-from .chunk import FlatChunk
+from .chunk import ChunkSetup, FlatChunk
 from .config import ZeroConfig
 from .full_state import iter_full_params
 from .grads import GradReducer
 from .layout import Layout, chunk_numel_for, plan
-from .offload import AutoPlacement, auto_budget, make_offloader
+from .offload import auto_budget, auto_placement, make_offloader, make_tiers
 from .optimizer import ModelParallel, ZeroOptimizer
 from .param_gather import DeferredGathers
 from .stage3 import Stage3Hooks
@@ -44,8 +44,8 @@ class ZeroModel(torch.nn.Module):
         self.memory = memory
         self.stage3 = stage3
         self.group = group
-        #: placement="auto" until its warm-up step ends (see megalith_zero.offload)
-        self.placement: AutoPlacement | None = None
+        #: placement="auto" until its warm-up step ends (megalith_offload.AutoPlacement)
+        self.placement: Any = None
         #: overlap_param_gather (see param_gather.py)
         self.deferred: DeferredGathers | None = None
 
@@ -205,8 +205,7 @@ def shard(
     # Budgets are checked before the first collective: a bad one fails on every rank alike.
     budget = auto_budget(config, layout, device)
     memory = StateMemory(device)
-    offloader, plan_index = make_offloader(config, layout, optimizer, rule, group.rank, device)
-    memory.offloader = offloader
+    offloader = make_offloader(config, layout, optimizer, rule, group.rank, device)
     with torch.no_grad():
         src = group.global_rank(0)
         for _, p, _ in params:
@@ -214,19 +213,13 @@ def shard(
         for b in model.buffers():
             comm.broadcast(b, src=src, group=group)
 
+    def setup(spec: Any) -> ChunkSetup:
+        trainable = spec.group >= 0
+        names = rule.state_names(optimizer.param_groups[spec.group]) if trainable else ()
+        return ChunkSetup(group.rank, config, trainable, offloader, names)
+
     chunks = [
-        FlatChunk(
-            spec,
-            [params[s.param][1] for s in spec.slots],
-            group.rank,
-            config,
-            memory,
-            spec.group >= 0,
-            offloader.tier(plan_index[spec.index]) if spec.index in plan_index else "device",
-            offloader,
-            spec.index in plan_index and offloader.params_on_host(plan_index[spec.index]),
-            rule.state_names(optimizer.param_groups[spec.group]) if spec.group >= 0 else (),
-        )
+        FlatChunk(spec, [params[s.param][1] for s in spec.slots], memory, setup(spec))
         for spec in layout.chunks
     ]
     # The parameters now live in chunk memory: their old storage, cached by torch, goes
@@ -256,19 +249,27 @@ def shard(
         on_chunk_done=stage3.chunk_done if stage3 else None,
         on_backward_end=stage3.end_step if stage3 else None,
     )
+    tiers = make_tiers(offloader, chunks, optimizer, rule, streams, memory, budget is not None)
     zopt = ZeroOptimizer(
-        optimizer, rule, chunks, reducer, group, gather_group, config, offloader, model_parallel
+        optimizer,
+        rule,
+        chunks,
+        reducer,
+        group,
+        gather_group,
+        config,
+        tiers,
+        offloader,
+        model_parallel,
     )
     zmodel = ZeroModel(model, chunks, layout, memory, stage3, group, config.param_dtype)
     if config.overlap_param_gather and group.size > 1:
         param_chunk = {id(params[s.param][1]): c.spec.index for c in chunks for s in c.spec.slots}
         zmodel.deferred = zopt.deferred = DeferredGathers(model, param_chunk)
     if budget is not None:
-        ahead = 0
-        if config.stage == 3:  # prefetching holds this many gathered chunks more
-            ahead = config.prefetch * max(c.spec.numel for c in chunks) * element
-        zmodel.placement = zopt.placement = AutoPlacement(
-            budget, config.offload.headroom, memory, chunks, offloader, plan_index, ahead, stage3
+        keep = stage3.keep_more if stage3 is not None else None
+        zmodel.placement = zopt.placement = auto_placement(
+            config, budget, memory, chunks, offloader, keep
         )
     zmodel.optimizer, zopt.model = zopt, zmodel  # checkpoint functions take either
     return zmodel, zopt

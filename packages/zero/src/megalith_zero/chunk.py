@@ -15,7 +15,9 @@ shard_grad  view of full_grad      reduce dtype S      reduce dtype S
 With offloading (megalith_offload) a chunk's `tier` is "host" or "nvme": its
 master is a separate fp32 buffer in host memory (the update writes the working
 params as copies), and its optimizer states live in host memory or in a swap
-file that is read into `states` only around the chunk's step.
+file that is read into `states` only around the chunk's step. Where a chunk's state
+lives is the Offloader's record (`tier`, `params_on_host`, ... read it); a FlatChunk
+is a megalith_offload.OffloadableChunk, and moves between tiers are the Offloader's.
 
 With param_frac at stage 3 the chunk's `shard` lives in host memory
 (`params_on_host`), or, with param_tier="nvme", in a swap file of its own
@@ -35,7 +37,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -45,50 +48,52 @@ from megalith_core.memory import StateMemory
 from .config import ZeroConfig
 from .layout import Chunk
 
+if TYPE_CHECKING:
+    from megalith_offload import Offloader, SwapStore
+
+
+@dataclass(frozen=True)
+class ChunkSetup:
+    """How a chunk is built on this rank, beside its layout spec and parameters."""
+
+    rank: int
+    config: ZeroConfig
+    trainable: bool
+    #: the megalith_offload Offloader that places the chunk's state, or None (the device)
+    offloader: Offloader | None = None
+    #: its param group's optimizer states (an NVMe chunk's file holds them)
+    state_names: tuple[str, ...] = ()
+
 
 class FlatChunk:
     def __init__(
         self,
         spec: Chunk,
         params: list[torch.nn.Parameter],
-        rank: int,
-        config: ZeroConfig,
         memory: StateMemory,
-        trainable: bool,
-        tier: str = "device",
-        offloader: Any = None,
-        params_on_host: bool = False,
-        state_names: tuple[str, ...] = (),
+        setup: ChunkSetup,
     ):
+        rank, config, offloader = setup.rank, setup.config, setup.offloader
         self.spec = spec
         self.params = params
         self.rank = rank
         self.stage = config.stage
-        self.trainable = trainable
+        self.trainable = trainable = setup.trainable
         self.memory = memory
-        self.tier = tier if trainable else "device"
-        self.host = offloader.host if self.tier != "device" else None
-        self.swap = offloader.swap if self.tier == "nvme" else None
-        #: the fp32 master lives in the states' swap file (master_tier="nvme"): `master`
-        #: is a meta tensor except around the chunk's step and in the checkpoints
-        self.masters_on_nvme = self.swap is not None and offloader.config.master_tier == "nvme"
+        #: where the chunk's state lives is the Offloader's record (see the properties)
+        self.offloader = offloader
         self.lo = rank * spec.shard_numel
         wd, rd = config.param_dtype, config.grad_reduce_dtype
         self.param_dtype, self.reduce_dtype = wd, rd
         device = memory.device
         n, s = spec.numel, spec.shard_numel
 
-        #: stage 3 with param_frac: the shard lives off the device (shard() says so with
-        #: params_on_host): in host memory, copied up per gather, or with
-        #: param_tier="nvme" (whose chunks the plan keeps on the nvme tier) in a swap file
-        self.params_on_nvme = params_on_host and offloader.config.param_tier == "nvme"
-        self.params_on_host = params_on_host and not self.params_on_nvme
         self._gather_src: torch.Tensor | None = None
         if self.params_on_nvme:
             self.swap.params.ensure(spec.index, s, wd)
             self.shard = self._shard_placeholder()
         elif self.stage == 3:
-            owner = offloader.host if params_on_host else memory
+            owner = self.host if self.params_on_host else memory
             self.shard = owner.zeros("params", s, wd)
         if self.stage == 3:
             self.full = torch.zeros(n, dtype=wd, device=device)
@@ -113,7 +118,7 @@ class FlatChunk:
                     src[seg.param_start : seg.param_start + seg.length]
                 )
         if self.masters_on_nvme:
-            self.swap.ensure(spec.index, self.swap_names(state_names), s)
+            self.swap.ensure(spec.index, self.swap_names(setup.state_names), s)
             self.swap.store(spec.index, {self.swap.MASTER: self.master})
             self.master = self._master_placeholder()
         with torch.no_grad():
@@ -143,6 +148,45 @@ class FlatChunk:
         self.grad_valid = False  # shard_grad holds reduced gradients since the last step
         self.states: dict[str, torch.Tensor] = {}
         self.steps = [0] * len(spec.slots)  # optimizer steps taken, per parameter
+
+    # -- where the state lives (the Offloader's record) ----------------------------------
+    @property
+    def tier(self) -> str:
+        """Where the fp32 master and optimizer states live: "device", "host" or "nvme"."""
+        return "device" if self.offloader is None else self.offloader.tier_of(self.spec.index)
+
+    @property
+    def host(self) -> StateMemory | None:
+        """The host arena of an offloaded chunk."""
+        return self.offloader.host if self.tier != "device" else None
+
+    @property
+    def swap(self) -> SwapStore | None:
+        """The swap files of an NVMe chunk."""
+        return self.offloader.swap if self.tier == "nvme" else None
+
+    @property
+    def masters_on_nvme(self) -> bool:
+        """The fp32 master lives in the states' swap file (master_tier="nvme"): `master`
+        is a meta tensor except around the chunk's step and in the checkpoints."""
+        return self.offloader is not None and self.offloader.masters_on_nvme(self.spec.index)
+
+    @property
+    def params_on_host(self) -> bool:
+        """Stage 3 with param_frac: the shard lives in host memory, copied up per gather."""
+        return self.offloader is not None and self.offloader.params_on_host(self.spec.index)
+
+    @property
+    def params_on_nvme(self) -> bool:
+        """Stage 3 with param_tier="nvme": the shard lives in a swap file of its own."""
+        return self.offloader is not None and self.offloader.params_on_nvme(self.spec.index)
+
+    def replace_shard(self, shard: torch.Tensor) -> None:
+        """The working-parameter shard is now `shard` (the Offloader moved it)."""
+        self.shard = shard
+        # Moves happen after a step, when no gather is in flight: a chunk still gathered
+        # keeps the old shard's device copy as its gather source, which need not live on.
+        self._gather_src = None
 
     # -- stage 3: gather and release ----------------------------------------
     def gather(self, group: comm.ProcessGroup) -> comm.Handle | None:
@@ -185,20 +229,6 @@ class FlatChunk:
                 yield
         finally:
             self.shard = self._shard_placeholder()
-
-    def params_to_device(self) -> None:
-        """Moves a parameter shard kept in host memory to the device (automatic placement
-        at stage 3): device memory from the engine, the values copied, the host copy
-        freed. Gathers read it there from then on; the host update of the chunk (its
-        states still offloaded) sends the new values up as for any device shard."""
-        if not self.params_on_host:
-            return
-        shard = self.memory.empty("params", self.spec.shard_numel, self.param_dtype)
-        shard.copy_(self.shard)
-        self.shard, self.params_on_host = shard, False
-        # Called after a step, when no gather is in flight: on CPU ranks a chunk still
-        # gathered keeps the old shard as its gather source, which need not live on.
-        self._gather_src = None
 
     def resident_params(self) -> None:
         """A swap-file shard as a host tensor in `shard` until store_params() (checkpoints)."""
@@ -311,41 +341,6 @@ class FlatChunk:
                 self.states[name] = alloc.zeros(
                     "optim_states", self.spec.shard_numel, torch.float32
                 )
-
-    def to_device(self, names: tuple[str, ...]) -> None:
-        """Moves an offloaded chunk's fp32 master and optimizer states (`names`) to the
-        device tier (automatic placement): device memory is allocated and counted by
-        the engine, the values copied, the host copies freed (NVMe: the file dropped);
-        the optimizer steps the chunk with the device kernel from then on."""
-        if self.tier == "device":
-            return
-        s = self.spec.shard_numel
-        if self.shard.dtype == torch.float32:
-            master = self.shard  # fp32 on the device tier: the shard is the master
-        else:
-            master = self.memory.empty("master", s, torch.float32)
-        if not self.masters_on_nvme:
-            master.copy_(self.master)  # (equal already when the shard is the master)
-        states = {n: self.memory.empty("optim_states", s, torch.float32) for n in names}
-        if self.swap is not None:
-            key = self.spec.index
-            loaded = {self.swap.MASTER: master, **states} if self.masters_on_nvme else states
-            if loaded and self.swap.has(key):
-                self.swap.load(key, loaded)
-            else:  # never stepped: the states start at zeros
-                for t in states.values():
-                    t.zero_()
-            self.swap.drop(key)
-            self.masters_on_nvme = False
-        else:
-            for n, t in states.items():
-                if n in self.states:
-                    t.copy_(self.states[n])
-                else:
-                    t.zero_()
-        self.master, self.states = master, states
-        self.host = self.swap = None
-        self.tier = "device"
 
     def step_pieces(self, used: list[bool]) -> list[tuple[int, slice, list[int]]]:
         """(step number to take, shard range, slot indices) runs for the fused update.

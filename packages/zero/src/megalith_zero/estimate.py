@@ -69,10 +69,10 @@ def estimate(
             {**device, "masters_and_states": states},
         )
     mo = require_offload()
-    costs, index = chunk_costs(config, layout, optimizer, rule)
-    p_ = mo.plan(costs, config.offload, warmup_param_frac(config))
-    off = {k for k, i in index.items() if p_.params_on_host and p_.params_on_host[i]}
-    off |= {k for k, i in index.items() if p_.params_on_nvme and p_.params_on_nvme[i]}
+    costs = chunk_costs(config, layout, optimizer, rule)
+    p_ = mo.plan(list(costs.values()), config.offload, warmup_param_frac(config))
+    off = {k for k, i in zip(costs, p_.params_on_host) if i}
+    off |= {k for k, i in zip(costs, p_.params_on_nvme) if i}
     p, g, f, q, _, _ = resident_state(config, layout, lambda spec: spec.index in off)
     device = {"params": p, "grads": g, "grads_in_flight": f, "gathered": q}
     device["masters_and_states"] = p_.device_bytes

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +18,7 @@ from megalith_core.optim.rules import Rule
 from .chunk import FlatChunk
 from .config import ZeroConfig
 from .grads import GradReducer
-from .host_step import HostStepper
-from .offload import require_offload, swapped_states
-from .visit import DeviceVisits, link_seconds_per_byte
+from .tiers import ChunkUpdate, Tier
 
 
 @dataclass(frozen=True)
@@ -65,11 +62,6 @@ def _sum_sq(grads: list[torch.Tensor]) -> tuple[float, bool]:
     return sum_sq, bad
 
 
-def _covers_shard(c: FlatChunk, pieces: list[tuple[int, slice, list[int]]]) -> bool:
-    """Whether the update writes every element of the chunk's shard (the usual case)."""
-    return len(pieces) == 1 and pieces[0][1] == slice(0, c.spec.shard_numel)
-
-
 class ZeroOptimizer:
     """Use like a torch optimizer: backward(loss), optional clip_grad_norm_, step(), zero_grad().
 
@@ -86,9 +78,13 @@ class ZeroOptimizer:
         group: comm.ProcessGroup,
         gather_group: comm.ProcessGroup,
         config: ZeroConfig,
+        tiers: Sequence[Tier],
         offloader: Any = None,
         model_parallel: ModelParallel | None = None,
     ):
+        """tiers: the objects that update the chunks of each tier, in the order a step
+        runs them (megalith_zero.offload.make_tiers); offloader: megalith_offload's
+        record of where each chunk is, or None."""
         self.offloader = offloader
         self.optimizer = optimizer
         self.rule = rule
@@ -98,36 +94,19 @@ class ZeroOptimizer:
         self.group = group
         self.gather_group = gather_group
         self.config = config
+        self.tiers = list(tiers)
+        self._tier: dict[str, Any] = {t.name: t for t in self.tiers}
         self.scaler = DynamicLossScaler(config.loss_scale) if config.scales_loss else None
         self._clip_coef = 1.0
         self._stats: tuple[float, bool, list[bool]] | None = None
         self.skipped_steps = 0
         self.model_parallel = model_parallel
         self._weighted = self._weighted_pieces(model_parallel)
-        #: placement="auto" (megalith_zero.offload.AutoPlacement): its warm-up ends
-        #: with the first step
+        #: placement="auto" (megalith_offload.AutoPlacement): its warm-up ends with the
+        #: first step
         self.placement: Any = None
         #: overlap_param_gather: the post-step gathers the next forward waits for
         self.deferred: Any = None
-        #: updates host-tier chunks on the host, pipelined ([Note: pipelined host step])
-        self.stepper: HostStepper | None = None
-        host = [c for c in self.trainable if c.tier != "device"]
-        if host:
-            slots = require_offload().HOST_STEP_SLOTS  # as the placement counted them
-            # the gradients' device: a shard kept off the device (param_frac) says nothing
-            self.stepper = HostStepper(host, offloader.host, host[0].shard_grad.device, slots)
-        #: host chunks updated on the device (OffloadConfig.visit_frac); made at first use
-        self.visits: DeviceVisits | None = None
-        #: the fraction of host chunks the device updates; with visit_frac="auto" 0.0
-        #: until the first step with host updates has been measured (_choose_visit_frac)
-        self.visit_frac: float = 0.0
-        self.visit_timing: tuple[float, float] | None = None
-        self._work_mark = (0.0, 0)  # the host stepper's (seconds, params) at the last step
-        self._host_wait_s = 0.0  # step() waiting for the host update, last step
-        self._step_end_s: float | None = None  # perf_counter() at the last step's end
-        self._visit_auto = offloader is not None and offloader.config.visit_frac == "auto"
-        if offloader is not None and not self._visit_auto:
-            self.visit_frac = float(offloader.config.visit_frac)
         self.step_in_backward = config.step_in_backward
         self._stepped_early: set[int] = set()  # ids of chunks stepped by this backward
         self._synced_at_step = 0  # reducer.synced_backwards when step() last ran
@@ -262,40 +241,17 @@ class ZeroOptimizer:
         for c in self.trainable:
             per_chunk_used.append(used[pos : pos + len(c.used)])
             pos += len(c.used)
-        swapped: list[tuple[FlatChunk, list[bool], dict[str, Any], tuple[str, ...]]] = []
         groups = self.optimizer.param_groups
-        # Host chunks first: the host updates them while the device steps its own.
+        names = [self.rule.state_names(g) for g in groups]
+        work: dict[str, list[ChunkUpdate]] = {t.name: [] for t in self.tiers}
         for c, u in zip(self.trainable, per_chunk_used):
-            if c.tier == "host" and id(c) not in self._stepped_early:
-                self._submit_host(c, groups[c.spec.group], c.step_pieces(u), grad_scale)
-        for gi, group in enumerate(groups):
-            names = self.rule.state_names(group)
-            mine = [(c, u) for c, u in zip(self.trainable, per_chunk_used) if c.spec.group == gi]
-            batch = [
-                (c, u) for c, u in mine if c.tier == "device" and id(c) not in self._stepped_early
-            ]
-            for c, _ in batch:
-                c.ensure_states(names)
-            self._apply(group, names, batch, grad_scale)  # one engine call per step number
-            swapped += [(c, u, group, names) for c, u in mine if c.tier == "nvme"]
-        # NVMe chunks in one stream over all groups, so every read overlaps a step.
-        work_of = {id(c): (u, group, names) for c, u, group, names in swapped}
-        for c in swapped_states(self.offloader, [(c, n) for c, _, _, n in swapped]):
-            u, group, names = work_of[id(c)]
-            pieces = c.step_pieces(u)
-            # a shard in a swap file is staged beside the states, written back after
-            with c.staged_params(read=not _covers_shard(c, pieces)):
-                self._submit_host(c, group, pieces, grad_scale)
-                self.stepper.wait()  # the states are loaded only inside this loop turn
-        if self.stepper is not None:
-            start = time.perf_counter()
-            self.stepper.wait()
-            self._host_wait_s = time.perf_counter() - start  # the part backward did not hide
-        if self.visits is not None:
-            self.visits.wait()
-        step_stream = self.reducer.streams.step
-        if step_stream is not None and self._stepped_early:  # device chunks updated early
-            torch.cuda.current_stream(step_stream.device).wait_stream(step_stream)
+            if id(c) not in self._stepped_early:
+                gi = c.spec.group
+                work[c.tier].append(ChunkUpdate(c, groups[gi], names[gi], c.step_pieces(u)))
+        for tier in self.tiers:
+            tier.step(work[tier.name], grad_scale)
+        for tier in self.tiers:
+            tier.wait()
         for c, u in zip(self.trainable, per_chunk_used):
             c.steps = [s + 1 if ui else s for s, ui in zip(c.steps, u)]
         if self.config.stage in (1, 2):
@@ -303,117 +259,24 @@ class ZeroOptimizer:
         self._end_step()
         return True
 
-    def _apply(
-        self,
-        group: dict[str, Any],
-        names: tuple[str, ...],
-        batch: list[tuple[FlatChunk, list[bool]]],
-        grad_scale: float,
-    ) -> None:
-        """The rule on chunks of one tier: one fused call per step number."""
-        work: dict[int, list[tuple[FlatChunk, slice]]] = {}
-        for c, u in batch:
-            for step, sl, _ in c.step_pieces(u):
-                work.setdefault(step, []).append((c, sl))
-        for step, pieces in work.items():
-            c0 = pieces[0][0]
-            grads = [c.shard_grad[sl] for c, sl in pieces]
-            copies = None
-            if c0.master.data_ptr() != c0.shard.data_ptr():  # a separate fp32 master
-                copies = [c.shard[sl] for c, sl in pieces]
-            self.rule.apply(
-                group,
-                step,
-                [c.master[sl] for c, sl in pieces],
-                grads,
-                {n: [c.states[n][sl] for c, sl in pieces] for n in names},
-                copies,
-                grad_scale,
-            )
+    # -- the host tier's visits (OffloadConfig.visit_frac) -------------------------------
+    @property
+    def visits(self) -> Any:
+        """The host tier's DeviceVisits once a host chunk visited the device, or None."""
+        host = self._tier.get("host")
+        return host.visits if host is not None else None
 
-    def _submit_host(
-        self,
-        c: FlatChunk,
-        group: dict[str, Any],
-        pieces: list[tuple[int, slice, list[int]]],
-        grad_scale: float,
-    ) -> None:
-        """Queues an offloaded chunk's update on the host stepper (one engine call per
-        piece, on the host copies of its gradients and into staged working params)."""
-        names = self.rule.state_names(group)
-        c.ensure_states(names)
-        if self._visits(c):
+    @property
+    def visit_frac(self) -> float:
+        """The fraction of host chunks the device updates (as given, or as chosen)."""
+        host = self._tier.get("host")
+        return host.visit_frac if host is not None else 0.0
 
-            def apply(master: torch.Tensor, states: dict[str, torch.Tensor]) -> None:
-                for step, sl, _ in pieces:
-                    self.rule.apply(
-                        group,
-                        step,
-                        [master[sl]],
-                        [c.shard_grad[sl]],
-                        {n: [states[n][sl]] for n in names},
-                        [c.shard[sl]],
-                        grad_scale,
-                    )
-
-            self._device_visits().submit(c, names, apply)
-            return
-        # parameters kept in host memory (or staged from their swap file) are written in
-        # place: nothing goes up
-        in_place = c.params_on_host or c.params_on_nvme
-        shard = c.shard
-
-        def work(grads: torch.Tensor, params: torch.Tensor) -> None:
-            out = shard if in_place else params
-            for step, sl, _ in pieces:
-                self.rule.apply(
-                    group,
-                    step,
-                    [c.master[sl]],
-                    [grads[sl]],
-                    {n: [c.states[n][sl]] for n in names},
-                    [out[sl]],
-                    grad_scale,
-                )
-
-        up = [] if in_place else [sl for _, sl, _ in pieces]
-        self.stepper.submit(c, work, up)
-
-    def _visits(self, c: FlatChunk) -> bool:
-        """Whether the device updates this host chunk (OffloadConfig.visit_frac): every
-        k-th of the host chunks whose parameters are on the device, by layout order;
-        not during placement="auto"'s warm-up, which measures the plain step."""
-        frac = self.visit_frac
-        if not frac or (self.placement is not None and self.placement.pending):
-            return False
-        eligible = self._visit_candidates()
-        if c not in eligible:
-            return False
-        j = eligible.index(c)
-        return math.floor((j + 1) * frac + 1e-9) > math.floor(j * frac + 1e-9)
-
-    def _visit_candidates(self) -> list[FlatChunk]:
-        """The host chunks the device could update, in layout order: those whose working
-        parameters are on the device (its kernel writes them in place)."""
-        return [
-            c
-            for c in self.trainable
-            if c.tier == "host" and not (c.params_on_host or c.params_on_nvme)
-        ]
-
-    def _device_visits(self) -> DeviceVisits:
-        if self.visits is None:
-            host = [c for c in self.trainable if c.tier == "host"]
-            names: list[str] = []
-            for g in self.optimizer.param_groups:
-                names += [n for n in self.rule.state_names(g) if n not in names]
-            self.visits = DeviceVisits(
-                max(c.spec.shard_numel for c in host),
-                tuple(names),
-                host[0].memory,
-                self.reducer.streams.step,
-            )
-        return self.visits
+    @property
+    def visit_timing(self) -> tuple[float, float] | None:
+        """visit_frac="auto": the (host, link) seconds per parameter behind the choice."""
+        host = self._tier.get("host")
+        return host.visit_timing if host is not None else None
 
     @property
     def _updated_in_backward(self) -> bool:
@@ -422,8 +285,7 @@ class ZeroOptimizer:
         return (
             self.step_in_backward
             and self.reducer.synced_backwards > self._synced_at_step
-            # NVMe chunks never update early
-            and any(c.tier in ("device", "host") for c in self.trainable)
+            and any(self._tier[c.tier].steps_in_backward for c in self.trainable)
         )
 
     def _check_backward_start(self) -> None:
@@ -439,7 +301,10 @@ class ZeroOptimizer:
         """With step_in_backward: a chunk whose gradients are complete is updated now,
         while backward goes on (see ZeroConfig.step_in_backward): on the host for host
         chunks, on the step stream for device chunks."""
-        if not self.step_in_backward or c.tier == "nvme" or not c.trainable:
+        if not self.step_in_backward or not c.trainable:
+            return
+        tier = self._tier[c.tier]
+        if not tier.steps_in_backward:
             return
         if self.placement is not None and self.placement.pending:
             return  # the warm-up step measures the plain step first
@@ -447,25 +312,14 @@ class ZeroOptimizer:
         if not all(c.used[i] for i in own):
             return  # a parameter unused here: step() decides with every rank's flags
         group = self.optimizer.param_groups[c.spec.group]
-        if c.tier == "host":
-            self._submit_host(c, group, c.step_pieces(c.used), 1.0)
-        else:
-            names = self.rule.state_names(group)
-            c.ensure_states(names)
-            streams = self.reducer.streams
-            with streams.on(streams.step):
-                self._apply(group, names, [(c, c.used)], 1.0)
+        update = ChunkUpdate(c, group, self.rule.state_names(group), c.step_pieces(c.used))
+        tier.step([update], 1.0, in_backward=True)
         self._stepped_early.add(id(c))
 
     def close(self) -> None:
         """Waits for offload transfers and removes the run's swap directory (if any)."""
-        if self.stepper is not None:
-            self.stepper.wait()
-            self.stepper.close()
-        if self.visits is not None:
-            self.visits.wait()
-        if self.offloader is not None:
-            self.offloader.close()
+        for tier in self.tiers:
+            tier.close()
 
     def _gather_params(self, chunks: list[FlatChunk] | None = None, defer: bool = False) -> None:
         """Stages 1, 2: every rank's updated shard into everyone's full params. defer:
@@ -491,41 +345,10 @@ class ZeroOptimizer:
         self._clip_coef = 1.0
         placed = self.placement is None or not self.placement.pending
         if not placed:
-            self.placement.finish(self.group, self.optimizer, self.rule)
-            if self.stepper is not None and all(c.tier == "device" for c in self.trainable):
-                self.stepper.close()  # every chunk came back: its host staging goes
-                self.stepper = None
-        if self._visit_auto and self.stepper is not None:
-            seconds, numel = self.stepper.work_seconds, self.stepper.work_numel
-            now, last = time.perf_counter(), self._step_end_s
-            # a whole step as the run will go on (from the end of the last one)
-            if placed and numel > self._work_mark[1] and last is not None:
-                self._choose_visit_frac(
-                    seconds - self._work_mark[0], numel - self._work_mark[1], now - last
-                )
-            self._work_mark, self._step_end_s = (seconds, numel), now
-
-    def _choose_visit_frac(self, work_s: float, work_numel: int, period_s: float) -> None:
-        """OffloadConfig(visit_frac="auto"), after the first whole step with host updates
-        in the placement the run keeps: the fraction that lets host cores and copy
-        engines finish together (megalith_offload.auto.visit_frac_for), from the host
-        kernel's seconds per parameter over that step (work_s for work_numel parameters)
-        and the link's, measured on the largest chunk that could visit; none when the
-        host update was off the step's critical path (auto.host_update_binds)."""
-        self._visit_auto = False
-        eligible = self._visit_candidates()
-        host_s = work_s / work_numel
-        self.visit_timing = (host_s, 0.0)
-        auto = require_offload().auto
-        if not eligible or not auto.host_update_binds(self._host_wait_s, work_s, period_s):
-            return
-        c = max(eligible, key=lambda x: x.spec.shard_numel)
-        names = self.rule.state_names(self.optimizer.param_groups[c.spec.group])
-        per_byte = link_seconds_per_byte(c.master, c.memory.device)
-        link_s = per_byte * 4 * (1 + len(names))  # the fp32 master and states, each way
-        self.visit_frac = auto.visit_frac_for(host_s, link_s)
-        #: (host, link) seconds per parameter behind the choice
-        self.visit_timing = (host_s, link_s)
+            groups = self.optimizer.param_groups
+            self.placement.finish(self.group, lambda c: self.rule.state_names(groups[c.spec.group]))
+        for tier in self.tiers:
+            tier.end_step(placed)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.reducer.wait()

@@ -76,6 +76,11 @@ class Stage3Hooks:
             self._handles.append(mod.register_forward_pre_hook(self._pre_forward(mine)))
             self._handles.append(mod.register_forward_hook(self._post_forward(mine)))
 
+    def keep_more(self, nbytes: int) -> None:
+        """Raises the budget of chunks kept gathered from forward to backward (automatic
+        placement gives it the device room its moves left)."""
+        self.keep_bytes += nbytes
+
     # -- gathering ----------------------------------------------------------
     def _start(self, k: int) -> None:
         if k in self._inflight:

@@ -32,9 +32,12 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
+
+from megalith_core.memory import StateMemory
+
+from .chunk import OffloadableChunk
 
 #: (host gradients, host working-parameter staging) -> None: the chunk's update
 Work = Callable[[torch.Tensor, torch.Tensor], None]
@@ -42,7 +45,7 @@ Work = Callable[[torch.Tensor, torch.Tensor], None]
 
 @dataclass
 class _Job:
-    chunk: Any
+    chunk: OffloadableChunk
     work: Work
     pieces: list[slice]  # shard ranges the work updates (only they go back up)
     ready: torch.cuda.Event | None  # the gradients are reduced (compute stream)
@@ -52,10 +55,16 @@ class _Job:
 
 
 class HostStepper:
-    def __init__(self, chunks: list[Any], host: Any, device: torch.device, slots: int = 3):
-        """slots: chunk-sized staging buffers of each kind (megalith_offload's
-        HOST_STEP_SLOTS, which its placement counts); the gradients of up to slots - 1
-        chunks come down while one is updated."""
+    def __init__(
+        self,
+        chunks: list[OffloadableChunk],
+        host: StateMemory,
+        device: torch.device,
+        slots: int = 3,
+    ):
+        """host: the host arena of the staging; slots: chunk-sized staging buffers of
+        each kind (HOST_STEP_SLOTS, which the placement counts); the gradients of up to
+        slots - 1 chunks come down while one is updated."""
         self.device = device
         self.slots = slots
         self.cuda = device.type == "cuda"
@@ -80,7 +89,7 @@ class HostStepper:
         self._thread: threading.Thread | None = None
 
     # -- caller side ------------------------------------------------------------
-    def submit(self, chunk: Any, work: Work, pieces: list[slice]) -> None:
+    def submit(self, chunk: OffloadableChunk, work: Work, pieces: list[slice]) -> None:
         """Queues the chunk's update; its gradients must be final in stream order now.
         pieces: the shard ranges to copy up afterwards (none: updated in place)."""
         ready = None
@@ -115,7 +124,7 @@ class HostStepper:
             job.done.wait()
         if self._error is not None:
             error, self._error = self._error, None
-            raise RuntimeError(f"megalith_zero: the host step failed: {error}") from error
+            raise RuntimeError(f"megalith_offload: the host step failed: {error}") from error
         if self.cuda and self._last_up is not None:
             torch.cuda.current_stream(self.device).wait_event(self._last_up)
 

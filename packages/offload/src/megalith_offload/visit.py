@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
+
+from megalith_core.memory import StateMemory
+
+from .chunk import OffloadableChunk
 
 #: (device master, device states by name) -> None: the chunk's update on the device
 Apply = Callable[[torch.Tensor, dict[str, torch.Tensor]], None]
@@ -38,13 +41,13 @@ class DeviceVisits:
         self,
         numel: int,
         names: tuple[str, ...],
-        memory: Any,
+        memory: StateMemory,
         step_stream: torch.cuda.Stream | None,
         slots: int = 2,
     ):
         """numel: the largest visiting chunk's shard; names: the most optimizer states
-        any of them has; memory: a megalith_zero StateMemory (the slots are counted
-        as master and optim_states on the device)."""
+        any of them has; memory: the device arena (the slots are counted as master
+        and optim_states there)."""
         self.device = memory.device
         self.cuda = self.device.type == "cuda"
         self.slots = [
@@ -68,7 +71,7 @@ class DeviceVisits:
         master, states = self.slots[0]
         return master.nbytes + sum(t.nbytes for t in states.values())
 
-    def submit(self, chunk: Any, names: tuple[str, ...], apply: Apply) -> None:
+    def submit(self, chunk: OffloadableChunk, names: tuple[str, ...], apply: Apply) -> None:
         """Updates the chunk on the device; its gradients must be final in the caller's
         stream order now. Its host master and states are written back asynchronously
         (wait() before reading them on the host)."""
