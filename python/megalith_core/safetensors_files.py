@@ -1,5 +1,5 @@
-"""safetensors files written atomically, and a writer that streams tensors into
-size-capped files with an index json (the layout transformers reads)."""
+"""safetensors files written atomically (megalith_core.atomic_files), and a writer that
+streams tensors into size-capped files with an index json (the layout transformers reads)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from .atomic_files import atomic_path, atomic_write_json
 
 
 def _st():
@@ -31,22 +33,13 @@ def atomic_save(
     tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
 ) -> None:
     st, _ = _st()
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    st.save_file(
-        {k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata
-    )
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        contiguous = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+        st.save_file(contiguous, str(tmp), metadata=metadata)
 
 
 def atomic_json(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_json(path, obj, indent=1)
 
 
 class StreamedFiles:
@@ -153,3 +146,14 @@ class TensorReader:
         if name is None:
             raise KeyError(f"{self.path}: no tensor {key!r}")
         return self._file(name).get_tensor(key)
+
+
+def write_tensors(
+    path: Path, prefix: str, tensors: dict[str, torch.Tensor], max_bytes: int, write: bool
+) -> None:
+    """Tensors already in memory as StreamedFiles' files and index, in their order."""
+    plan = [(k, t.numel() * t.element_size()) for k, t in tensors.items()]
+    out = StreamedFiles(path, prefix, plan, max_bytes, write=write)
+    for key, tensor in tensors.items():
+        out.add(key, tensor)
+    out.finish()

@@ -9,9 +9,9 @@ A checkpoint written at world size N loads at any M: the loader maps each of its
 shard segments (parameter name, element range) onto the pieces of the old shards
 that hold it and reads just those slices.
 
-Writes are atomic: every rank writes to a temporary name and renames; rank 0
-writes zero_meta.json last, after a barrier, so a directory without it (a crash
-mid-save) is never taken for a checkpoint.
+Every file is written atomically (megalith_core.atomic_files: a temporary name, fsync,
+rename, fsync of the directory); rank 0 writes zero_meta.json last, after a barrier, so
+a directory without it (a crash mid-save) is never taken for a checkpoint.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 import megalith_comm as comm
+from megalith_core.optimizer_files import restore_hyperparameters
 from megalith_core.safetensors_files import (
     StreamedFiles,
     TensorReader,
@@ -195,9 +196,7 @@ def load_sharded(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike
                 if c.trainable and c.master.data_ptr() != c.shard.data_ptr():
                     c.shard.copy_(c.master)
             c.steps = [int(meta["steps"].get(s.name, 0)) for s in c.spec.slots]
-    for group, saved in zip(zopt.optimizer.param_groups, meta["param_groups"]):
-        for key, value in saved.items():
-            group[key] = tuple(value) if isinstance(value, list) else value
+    restore_hyperparameters(zopt.optimizer.param_groups, meta)
     if zopt.scaler is not None and meta["loss_scale"] is not None:
         zopt.scaler.load_state_dict(meta["loss_scale"])
     if zopt.config.stage in (1, 2):

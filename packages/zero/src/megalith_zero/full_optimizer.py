@@ -1,9 +1,4 @@
-"""Optimizer state in the layout-free form: per parameter name, full fp32 tensors.
-
-    <dir>/optimizer.json                      kind, param groups, per-parameter group
-                                              and step count, loss scale
-    <dir>/optimizer[-0000i-of-0000n].safetensors   "<param name>::<state>" tensors
-    <dir>/optimizer.safetensors.index.json
+"""ZeRO's optimizer states in the layout-free form of megalith_core.optimizer_files.
 
 Nothing in it depends on the world size, the ZeRO stage or the chunking, so it
 loads under any of them, and megalith's Booster writes the same form for plain
@@ -13,28 +8,20 @@ gathered one chunk at a time (streamed: never the whole state in memory).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 
 import megalith_comm as comm
-from megalith_core.safetensors_files import StreamedFiles, TensorReader, atomic_json
+from megalith_core.optimizer_files import SEP, read_meta, restore_hyperparameters, write_meta
+from megalith_core.safetensors_files import StreamedFiles, TensorReader
 
 from .api import ZeroModel
 from .file_layout import IDENTITY, FileLayout
 from .offload import with_resident_states
 from .optimizer import ZeroOptimizer
-
-FORMAT = 1
-SEP = "::"
-
-
-def hyperparameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in g.items() if k != "params"} for g in groups]
 
 
 def full_plan(
@@ -95,29 +82,9 @@ def save_full_optimizer(
         out.add(key, tensor)
     out.finish()
     if rank0:
-        meta = {
-            "format": FORMAT,
-            "kind": zopt.rule.kind,
-            "param_groups": hyperparameters(zopt.optimizer.param_groups),
-            "params": params,
-            "loss_scale": zopt.scaler.state_dict() if zopt.scaler else None,
-        }
-        atomic_json(meta, path / "optimizer.json")
+        loss_scale = zopt.scaler.state_dict() if zopt.scaler else None
+        write_meta(path, zopt.rule.kind, zopt.optimizer.param_groups, params, loss_scale)
     layout.barrier(zmodel.group)
-
-
-def read_meta(path: Path) -> dict[str, Any]:
-    meta_path = path / "optimizer.json"
-    if not meta_path.exists():
-        raise FileNotFoundError(
-            f"{path}: no optimizer.json (not a megalith optimizer checkpoint, or an unfinished one)"
-        )
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != FORMAT:
-        raise ValueError(
-            f"{meta_path}: format {meta.get('format')}; this megalith reads format {FORMAT}"
-        )
-    return meta
 
 
 @with_resident_states
@@ -153,9 +120,7 @@ def load_full_optimizer(
                         src = layout.to_local(seg.slot.name, reader.get(key)).reshape(-1)
                         src = src[seg.param_start : seg.param_start + seg.length]
                         c.states[n][seg.shard_start : seg.shard_start + seg.length].copy_(src)
-    for group, saved in zip(zopt.optimizer.param_groups, meta["param_groups"]):
-        for key, value in saved.items():
-            group[key] = tuple(value) if isinstance(value, list) else value
+    restore_hyperparameters(zopt.optimizer.param_groups, meta)
     if zopt.scaler is not None and meta.get("loss_scale"):
         zopt.scaler.load_state_dict(meta["loss_scale"])
     layout.barrier(zmodel.group)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from . import checkpoint_io
+from .checkpoint_io import CheckpointIO
 from .plugin import Plugin, TorchDDPPlugin, plugin_from_name
 from .plugin.base import world
 
@@ -107,7 +107,10 @@ class Booster:
         outputs = model.last_outputs if return_outputs else None
         return {"loss": loss if return_loss else None, "outputs": outputs}
 
-    # -- checkpoints ----------------------------------------------------------
+    # -- checkpoints: the plugin's CheckpointIO (ColossalAI's names and arguments) ---------
+    def checkpoint_io(self) -> CheckpointIO:
+        return self.plugin.get_checkpoint_io()
+
     def save_model(
         self,
         model: Any,
@@ -120,10 +123,12 @@ class Booster:
     ) -> None:
         """safetensors always (nothing is pickled): a file, or with shard=True a directory of
         files of at most size_per_shard MiB plus model.safetensors.index.json."""
-        checkpoint_io.save_model(model, checkpoint, shard, size_per_shard)
+        self.checkpoint_io().save_model(
+            model, checkpoint, shard, gather_dtensor, prefix, size_per_shard, use_safetensors
+        )
 
     def load_model(self, model: Any, checkpoint: str, strict: bool = True) -> None:
-        checkpoint_io.load_model(model, checkpoint, strict)
+        self.checkpoint_io().load_model(model, checkpoint, strict)
 
     def save_optimizer(
         self,
@@ -134,18 +139,20 @@ class Booster:
         prefix: str | None = None,
         size_per_shard: int = 1024,
     ) -> None:
-        checkpoint_io.save_optimizer(optimizer, checkpoint, shard, size_per_shard)
+        self.checkpoint_io().save_optimizer(
+            optimizer, checkpoint, shard, gather_dtensor, prefix, size_per_shard
+        )
 
     def load_optimizer(
         self, optimizer: Any, checkpoint: str, prefix: str | None = None, size_per_shard: int = 1024
     ) -> None:
-        checkpoint_io.load_optimizer(optimizer, checkpoint)
+        self.checkpoint_io().load_optimizer(optimizer, checkpoint, prefix, size_per_shard)
 
     def save_lr_scheduler(self, lr_scheduler: Any, checkpoint: str) -> None:
-        checkpoint_io.save_lr_scheduler(lr_scheduler, checkpoint)
+        self.checkpoint_io().save_lr_scheduler(lr_scheduler, checkpoint)
 
     def load_lr_scheduler(self, lr_scheduler: Any, checkpoint: str) -> None:
-        checkpoint_io.load_lr_scheduler(lr_scheduler, checkpoint)
+        self.checkpoint_io().load_lr_scheduler(lr_scheduler, checkpoint)
 
 
 def launch_from_torch(seed: int = 1024, verbose: bool = False, **kwargs: Any) -> None:

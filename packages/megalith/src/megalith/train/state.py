@@ -3,16 +3,16 @@
 A checkpoint is a directory runs/NAME/checkpoints/step_000123/ holding the
 Booster's layout-free files plus trainer.json (step, data position, RNG states of
 every rank, the run's arguments). It is written under a temporary name and
-renamed after every rank has finished and the files are fsync'ed; `latest` is a
-text file naming the newest complete one, replaced atomically. A run killed at any
-moment leaves either the previous checkpoint or the new one, never half of one.
+renamed after every rank has finished; every file in it, trainer.json last, goes
+through megalith_core.atomic_files (fsync'ed, and its directory too), and so do
+the rename and `latest`, a text file naming the newest complete one. A run killed
+at any moment leaves either the previous checkpoint or the new one, never half of one.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 import megalith_comm as comm
+from megalith_core.atomic_files import atomic_rename, atomic_write_json, atomic_write_text
 
 COMPLETE = "trainer.json"
 
@@ -42,18 +43,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
     p = state["python"]
     random.setstate((p[0], tuple(p[1]), p[2]))
-
-
-def _fsync_dir(path: Path) -> None:
-    for f in path.rglob("*"):
-        if f.is_file():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save(
@@ -81,15 +70,12 @@ def save(
 
     dist.all_gather_object(rngs, _rng_state())
     if world.rank == 0:
-        (tmp / COMPLETE).write_text(json.dumps({"step": step, "rng": rngs, **extra}, indent=1))
-        _fsync_dir(tmp)
+        # Its directory's fsync also makes the names of model/ and optimizer/ durable.
+        atomic_write_json(tmp / COMPLETE, {"step": step, "rng": rngs, **extra}, indent=1)
         if final.exists():
             shutil.rmtree(final)
-        os.replace(tmp, final)
-        latest = root / "latest"
-        latest_tmp = root / ".latest.tmp"
-        latest_tmp.write_text(final.name)
-        os.replace(latest_tmp, latest)
+        atomic_rename(tmp, final)
+        atomic_write_text(root / "latest", final.name)
     comm.barrier()
     return final
 

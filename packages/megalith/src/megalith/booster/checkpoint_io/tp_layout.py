@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from .plugin.base import require, world
+from ..plugin.base import require, world
 
 
 def tp_layout(zmodel: Any, tp: Any = None, file_names: dict[str, str] | None = None) -> Any:
     """A megalith_zero.FileLayout for zmodel's tp shards over tp (default: the model's
     tp group); file_names maps ZeRO's parameter names to the files' (a pipeline stage's
-    names to the whole model's: pipeline_io.stage_file_names)."""
+    names to the whole model's: pipeline_stages.stage_file_names)."""
     zero = require("megalith_zero", "megalith-zero", "reading and writing megalith checkpoints")
 
     class TensorParallelLayout(zero.FileLayout):

@@ -1,0 +1,52 @@
+"""ZeroCheckpointIO: LowLevelZeroPlugin, GeminiPlugin, and HybridParallelPlugin's ZeRO
+without a pipeline.
+
+megalith_zero's full checkpoints do the work: parameters and optimizer states are
+gathered over ZeRO's group one chunk at a time and streamed into the files (never
+the whole model in memory), and on loading each rank reads the slices its shards
+hold. A FileLayout says how ZeRO's parameters relate to the files' tensors: whole
+ones (the identity), or tensor-parallel shards (tp_layout.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..plugin.base import require
+from .base import CheckpointIO
+
+
+def _zero() -> Any:
+    return require("megalith_zero", "megalith-zero", "ZeRO checkpoints")
+
+
+class ZeroCheckpointIO(CheckpointIO):
+    """layout_for(zero_model) gives the FileLayout of a model's parameters; None: they
+    are whole tensors."""
+
+    def __init__(self, layout_for: Callable[[Any], Any] | None = None) -> None:
+        self.layout_for = layout_for
+
+    def layout(self, zmodel: Any) -> Any:
+        return self.layout_for(zmodel) if self.layout_for else _zero().file_layout.IDENTITY
+
+    def write_model(self, model: Any, directory: Path, max_shard_bytes: int) -> None:
+        zmodel = model.module
+        _zero().save_full(zmodel, directory, max_shard_bytes, layout=self.layout(zmodel))
+
+    def read_model(self, model: Any, directory: Path, strict: bool) -> None:
+        """Every parameter must be in the files (strict or not): ZeRO's chunks are whole."""
+        zmodel = model.module
+        _zero().load_full(zmodel, zmodel.optimizer, directory, layout=self.layout(zmodel))
+
+    def write_optimizer(self, optimizer: Any, directory: Path, max_shard_bytes: int) -> None:
+        zopt = optimizer.optim
+        layout = self.layout(zopt.model)
+        _zero().save_full_optimizer(zopt.model, zopt, directory, max_shard_bytes, layout=layout)
+
+    def read_optimizer(self, optimizer: Any, directory: Path) -> None:
+        """With the loss scale: megalith_zero's load_full_optimizer reads it."""
+        zopt = optimizer.optim
+        _zero().load_full_optimizer(zopt.model, zopt, directory, layout=self.layout(zopt.model))
