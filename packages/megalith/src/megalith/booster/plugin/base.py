@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+if TYPE_CHECKING:
+    from ..checkpoint_io import CheckpointIO
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 
@@ -60,6 +63,13 @@ class Plugin:
 
     def no_sync(self, model: Any, optimizer: Any) -> contextlib.AbstractContextManager:
         raise NotImplementedError
+
+    def get_checkpoint_io(self) -> CheckpointIO:
+        """How the Booster saves and loads this plugin's models and optimizers; a plugin
+        whose ranks hold whole models keeps this one."""
+        from ..checkpoint_io import GeneralCheckpointIO
+
+        return GeneralCheckpointIO()
 
     def supported_precisions(self) -> tuple[str, ...]:
         return PRECISIONS

@@ -48,9 +48,9 @@ a pipeline (fp32 masters), all with the dynamic loss scale of initial_scale, ...
 Checkpoints (Booster.save_model / save_optimizer) are layout-free at every
 zero_stage: full, unsharded tensors and optimizer states keyed by parameter name,
 gathered over tp (and dp under ZeRO) and written by rank 0 one parameter at a
-time (see checkpoint_io.py and tp_layout.py); they load under any tp size or plugin.
-With pp_size > 1 the files are the same: rank 0 collects the stages over pp
-(pipeline_io.py), a weight tied across stages written once, so a pipelined run
+time (see checkpoint_io/hybrid.py and tp_layout.py); they load under any tp size or
+plugin. With pp_size > 1 the files are the same: rank 0 collects the stages over pp
+(checkpoint_io/pipeline_stages.py), a weight tied across stages written once, so a pipelined run
 resumes under another tp x pp x dp layout, without a pipeline, or under DDP.
 """
 
@@ -60,7 +60,7 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -68,6 +68,9 @@ from ..wrappers import ModelWrapper, OptimizerWrapper
 from .base import Plugin, check_precision, require, world
 from .checkpointing import apply_checkpointing, checkpoint_config
 from .hybrid_pipeline import PipelineModel, PipelineSettings
+
+if TYPE_CHECKING:
+    from ..checkpoint_io import CheckpointIO
 
 # ColossalAI's switches that only choose faster kernels or overlap; megalith does each
 # where it can without being asked (SDPA picks flash attention, collectives overlap
@@ -564,6 +567,16 @@ class HybridParallelPlugin(Plugin):
         if optimizer is None:
             raise ValueError("HybridParallelPlugin: no_sync needs the boosted optimizer")
         return optimizer.no_sync()
+
+    def get_checkpoint_io(self) -> CheckpointIO:
+        """ZeRO without a pipeline: megalith_zero's full checkpoints through tp_layout;
+        otherwise tp shards gathered and pipeline stages collected by the Booster."""
+        from ..checkpoint_io import HybridParallelCheckpointIO, ZeroCheckpointIO
+        from ..checkpoint_io.tp_layout import tp_layout
+
+        if self.zero_stage and self.pp_size == 1:
+            return ZeroCheckpointIO(tp_layout if self.tp_size > 1 else None)
+        return HybridParallelCheckpointIO()
 
 
 def _share_rng(group: Any) -> None:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..wrappers import ModelWrapper, OptimizerWrapper
 from .base import Plugin, check_precision, world
+
+if TYPE_CHECKING:
+    from ..checkpoint_io import CheckpointIO
 
 _DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -138,3 +141,9 @@ class TorchDDPPlugin(Plugin):
 
     def no_sync(self, model: Any, optimizer: Any) -> contextlib.AbstractContextManager:
         return model.module.no_sync()
+
+    def get_checkpoint_io(self) -> CheckpointIO:
+        """Every rank holds the whole model: rank 0 writes it, without megalith-zero."""
+        from ..checkpoint_io import GeneralCheckpointIO
+
+        return GeneralCheckpointIO()

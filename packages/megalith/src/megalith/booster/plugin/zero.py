@@ -9,12 +9,15 @@ reduction hooks, stage-3 gather hooks) -> the wrappers the Booster hands back.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..wrappers import ModelWrapper, OptimizerWrapper
 from .base import Plugin, check_precision, require, world
+
+if TYPE_CHECKING:
+    from ..checkpoint_io import CheckpointIO
 
 
 class ZeroModelWrapper(ModelWrapper):
@@ -129,6 +132,12 @@ class _ZeroPlugin(Plugin):
                 f"{type(self).__name__}: no_sync needs the boosted optimizer (no_sync(model, optimizer))"
             )
         return optimizer.no_sync()
+
+    def get_checkpoint_io(self) -> CheckpointIO:
+        """megalith_zero's full checkpoints, gathered chunk by chunk."""
+        from ..checkpoint_io import ZeroCheckpointIO
+
+        return ZeroCheckpointIO()
 
 
 def _scale_args(
