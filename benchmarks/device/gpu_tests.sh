@@ -7,7 +7,7 @@
 #           tests/support/gpu.py's `gpu` skip mark, `pytest.mark.gpu`, or skipping without
 #           CUDA GPUs), with -rs so every skip says why;
 #   ctest   the C++ tests of the labels gpu and nccl (core/tests/CMakeLists.txt), built for
-#           this GPU alone (CTEST_CUDA_ARCHS, default 90) in the background while pytest runs.
+#           this GPU alone (CUDAARCHS, default 90) in the background while pytest runs.
 # SECTIONS="pytest ctest" (default both) picks the parts; the build always runs.
 # Logs under $OUT: machine.txt, build.txt, pytest_gpu.txt, cpp_build.txt, ctest_gpu.txt and
 # summary.txt (one line per part with its exit status and seconds). Copy them to
@@ -33,10 +33,10 @@ summary build 0 $((SECONDS - START))
 CT=$SCRATCH/ctest-gpu
 if has_section ctest; then
   log "ctest build (background)"
-  t0=$SECONDS
+  ct0=$SECONDS
   (
     cmake -S . -B "$CT" -G Ninja -DMEGALITH_TESTS=ON -DMEGALITH_CUDA=ON -DMEGALITH_PYTHON=OFF \
-      -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CTEST_CUDA_ARCHS:-90}" &&
+      -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$CUDAARCHS" &&
       nice -n 10 timeout "${CTEST_BUILD_LIMIT:-300}" cmake --build "$CT" --target \
         test_cuda_optim test_cuda_grad_check test_memory_resources_gpu test_comm_nccl
   ) > "$OUT/cpp_build.txt" 2>&1 &
@@ -60,13 +60,13 @@ if has_section ctest; then
   rc=$?
   if [ $rc -ne 0 ]; then
     tail -30 "$OUT/cpp_build.txt"
-    summary ctest-build $rc $((SECONDS - t0))
+    summary ctest-build $rc $((SECONDS - ct0))
   else
     timeout "${CTEST_LIMIT:-120}" ctest --test-dir "$CT" -L 'gpu|nccl' --no-tests=error \
       --output-on-failure --timeout 100 > "$OUT/ctest_gpu.txt" 2>&1
     rc=$?
     tail -25 "$OUT/ctest_gpu.txt"
-    summary ctest $rc $((SECONDS - t0))
+    summary ctest $rc $((SECONDS - ct0))
   fi
 fi
 summary all "$([ -z "$FAILED" ] && echo 0 || echo 1)" $((SECONDS - START))
