@@ -173,7 +173,10 @@ def test_kill_during_save_resumes_from_last_complete(tmp_path):
         (["--steps", "0"], "--steps 0; expected >= 1"),
         (["--offload", "auto"], "--offload auto on CPU ranks needs --device-budget-gb"),
         (["--device-budget-gb", "4"], "--device-budget-gb is for --offload auto"),
-        (["--offload", "nvme", "--nvme-masters", "--offload", "cpu"], "--nvme-masters is for"),
+        (
+            ["--offload", "nvme", "--master-tier", "nvme", "--offload", "host"],
+            "--master-tier nvme is",
+        ),
         (["--plugin", "zero9"], "invalid choice: 'zero9'"),
         (["--data", "/nonexistent/corpus.txt"], "no such file or directory"),
     ],

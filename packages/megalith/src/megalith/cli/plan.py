@@ -2,7 +2,7 @@
 whether it fits, before any GPU time is spent. Nothing is allocated: the model is built
 on the meta device.
 
-    megalith plan --model gpt-6.7b --stage 2 --offload host
+    megalith plan --model gpt-6.7b --plugin zero2 --offload host
     megalith plan --model gpt-13b --layers 57 --offload host+nvme \\
         --device-budget-gb 60 --host-budget-gb 110 --gpu-gb 139
 
@@ -14,6 +14,13 @@ on top of the device figure (`--offload auto` measures them in its warm-up step)
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+from megalith.cli.options import add_strategy_options
+
+if TYPE_CHECKING:
+    from megalith.strategy import Strategy
+    from megalith_zero.estimate import Estimate
 
 GB = 1e9
 
@@ -25,23 +32,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_strategy_options(p, plugin="zero2", precision="bf16", precision_help="(default: bf16)")
     p.add_argument("--model", default="gpt-1.3b", help="a megalith.models preset")
     p.add_argument("--layers", type=int, default=0, help="override the preset's layer count")
-    p.add_argument("--stage", type=int, default=2, choices=(1, 2, 3), help="ZeRO stage")
     p.add_argument("--world", type=int, default=1, help="data-parallel ranks (default: 1)")
-    p.add_argument("--precision", default="bf16", choices=("fp32", "bf16", "fp16"))
-    p.add_argument(
-        "--offload",
-        default="none",
-        choices=("none", "host", "nvme", "host+nvme", "auto"),
-        help="the tier of offloaded masters and states (auto: the warm-up's placement)",
-    )
-    p.add_argument("--optim-frac", type=float, default=1.0, help="chunks offloaded (static)")
-    p.add_argument("--param-frac", type=float, default=0.0, help="stage 3 shards offloaded")
-    p.add_argument("--param-tier", default="host", choices=("host", "nvme"))
-    p.add_argument("--master-tier", default="host", choices=("host", "nvme"))
-    p.add_argument("--device-budget-gb", type=float, default=None)
-    p.add_argument("--host-budget-gb", type=float, default=None)
     p.add_argument(
         "--gpu-gb", type=float, default=None, help="say whether the device bytes fit this much"
     )
@@ -49,61 +43,38 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
-def _gb(value: float | None) -> int | None:
-    return None if value is None else int(value * GB)
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from megalith import models
+    from megalith.strategy import Strategy
 
     try:
-        import megalith_zero as zero
         from megalith_zero.estimate import estimate
     except ImportError:
         raise SystemExit("megalith plan: needs megalith-zero: pip install megalith-zero") from None
     if args.world < 1:
         raise SystemExit(f"megalith plan: --world {args.world}; expected >= 1")
-    offload = None
-    if args.offload != "none":
-        try:
-            from megalith_offload import OffloadConfig
-        except ImportError:
-            raise SystemExit(
-                f"megalith plan: --offload {args.offload} needs megalith-offload: "
-                "pip install megalith-offload"
-            ) from None
-        auto = args.offload == "auto"
-        try:
-            offload = OffloadConfig(
-                tier="host" if auto else args.offload,
-                placement="auto" if auto else "static",
-                optim_frac=1.0 if auto else args.optim_frac,
-                param_frac=args.param_frac,
-                param_tier=args.param_tier,
-                master_tier=args.master_tier,
-                device_budget_bytes=_gb(args.device_budget_gb) if not auto else None,
-                host_budget_bytes=_gb(args.host_budget_gb),
-            )
-        except ValueError as e:
-            raise SystemExit(f"megalith plan: {e}") from None
+    try:
+        strategy = Strategy.from_cli(args)
+        config = strategy.zero_config()
+    except ValueError as e:
+        raise SystemExit(f"megalith plan: {e}") from None
     overrides = {"n_layers": args.layers} if args.layers else {}
     model = models.create(args.model, **overrides)  # meta: nothing allocated
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    config = zero.ZeroConfig(stage=args.stage, precision=args.precision, offload=offload)
     try:
         e = estimate(model, optimizer, config, args.world)
     except ValueError as err:  # a budget the plan cannot meet says by how much
         raise SystemExit(f"megalith plan: {err}") from None
-    print(_report(args, e))
+    print(_report(args, strategy, e))
     if args.gpu_gb is not None and e.device_bytes > args.gpu_gb * GB:
         return 1
     return 0
 
 
-def _report(args: argparse.Namespace, e) -> str:
-    where = f"ZeRO-{args.stage} at {args.world} rank(s), {args.precision}"
+def _report(args: argparse.Namespace, strategy: Strategy, e: Estimate) -> str:
+    where = f"ZeRO-{strategy.zero_stage} at {args.world} rank(s), {strategy.precision}"
     if args.offload != "none":
         where += f", offload {args.offload}"
     lines = [

@@ -45,9 +45,14 @@ def run(args: argparse.Namespace) -> int:
 
         return train(args)
     from megalith.cli.main import main
+    from megalith.strategy import Strategy
     from megalith.testing.spawn import free_port
     from megalith.train.options import to_argv
 
+    try:  # once, here, before any rank starts (the ranks check again)
+        Strategy.from_cli(args)
+    except ValueError as e:
+        raise SystemExit(f"megalith train: {e}") from None
     nproc = _ranks(args.nproc)
     return main(
         [

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import resource
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import megalith_comm as comm
+from megalith.strategy import Strategy
 
 from . import corpus as text
 from . import state
@@ -20,43 +23,55 @@ from .plot import write_png
 from .progress import Metrics, Progress, human_bytes
 
 
-def _check(args: argparse.Namespace, world_size: int) -> None:
-    """Every rank fails here, before any collective, on options that cannot work."""
-    if args.offload != "none":
-        try:
-            import megalith_offload  # noqa: F401
-        except ImportError:
-            raise SystemExit(
-                f"megalith train: --offload {args.offload} needs megalith-offload: "
-                "pip install megalith-offload"
-            ) from None
-    if args.swap_dir is not None and args.offload != "nvme":
-        raise SystemExit(
-            f"megalith train: --swap-dir {args.swap_dir} is for --offload nvme "
-            f"(got --offload {args.offload})"
-        )
-    if args.device_budget_gb is not None and args.offload != "auto":
-        raise SystemExit(
-            f"megalith train: --device-budget-gb is for --offload auto (got --offload {args.offload})"
-        )
-    if args.offload == "auto" and args.device_budget_gb is None and not torch.cuda.is_available():
-        raise SystemExit(
-            "megalith train: --offload auto on CPU ranks needs --device-budget-gb (the "
-            "simulated device's memory); on a GPU it defaults to the GPU's memory"
-        )
-    if args.device_budget_gb is not None and not args.device_budget_gb > 0:
-        raise SystemExit(
-            f"megalith train: --device-budget-gb {args.device_budget_gb}; expected a positive size"
-        )
-    if args.nvme_masters and args.offload != "nvme":
-        raise SystemExit(
-            f"megalith train: --nvme-masters is for --offload nvme (got --offload {args.offload})"
-        )
+def _strategy(args: argparse.Namespace, device: torch.device) -> Strategy:
+    """The run's Strategy; every rank fails here, before any collective, on options that
+    cannot work."""
     for name in ("steps", "batch_size", "seq_len", "eval_batches", "save_every", "eval_every"):
         if getattr(args, name) < 1:
             raise SystemExit(
                 f"megalith train: --{name.replace('_', '-')} {getattr(args, name)}; expected >= 1"
             )
+    try:
+        strategy = Strategy.from_cli(
+            args, default_precision="bf16" if device.type == "cuda" else "fp32"
+        )
+    except ValueError as e:
+        raise SystemExit(f"megalith train: {e}") from None
+    if args.offload == "auto" and args.device_budget_gb is None and not torch.cuda.is_available():
+        raise SystemExit(
+            "megalith train: --offload auto on CPU ranks needs --device-budget-gb (the "
+            "simulated device's memory); on a GPU it defaults to the GPU's memory"
+        )
+    return strategy
+
+
+def _swap_in(strategy: Strategy, run_dir: Path, name: str) -> Strategy:
+    """NVMe offload without --swap-dir swaps under the run's directory, named after it."""
+    offload = strategy.offload
+    if offload is None or "nvme" not in offload.tier:
+        return strategy
+    return strategy.replace(
+        offload=dataclasses.replace(
+            offload,
+            swap_dir=offload.swap_dir or str(run_dir / "swap"),
+            run_name="".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name),
+        )
+    )
+
+
+@dataclass
+class Run:
+    """What the loop of one rank works with."""
+
+    args: argparse.Namespace
+    strategy: Strategy
+    booster: Any
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    data: text.Corpus
+    run_dir: Path
+    n_params: int
 
 
 def _peak_bytes(model: Any) -> int:
@@ -113,16 +128,14 @@ def _train(args: argparse.Namespace) -> int:
     world = comm.init() if not comm.is_initialized() else comm.get_world()
     torch.manual_seed(args.seed)
     size = world.world_size
-    _check(args, size)
-    if args.offload != "none" and args.plugin == "ddp":
-        args.plugin = "zero2"  # offloading shards the optimizer states: ZeRO-2 is the nearest
+    device = world.device
+    strategy = _strategy(args, device)
     torch.set_num_threads(
         max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", size)))
     )
-    device = world.device
-    precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
-    name = args.name or f"{args.model}-{args.plugin}"
+    name = args.name or f"{args.model}-{strategy.plugin}"
     run_dir = Path(args.out) / name
+    strategy = _swap_in(strategy, run_dir, name)
     data = text.load(args.data, 20 * (args.seq_len + 1))
 
     overrides: dict[str, Any] = {"vocab_size": text.VOCAB}
@@ -139,60 +152,32 @@ def _train(args: argparse.Namespace) -> int:
     n_params = models.num_parameters(model)
     optimizer = HybridAdam(_param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(args))
-    plugin = _plugin(args, precision, run_dir, name) if args.offload != "none" else args.plugin
-    booster = Booster(plugin=plugin, mixed_precision=precision)
+    # The plugin clips to --max-norm in step(); with offload and neither clipping nor fp16
+    # it updates host chunks during backward.
+    booster = Booster(plugin=strategy.make_plugin())
     model, optimizer, _, _, scheduler = booster.boost(model, optimizer, lr_scheduler=scheduler)
     try:
-        return _loop(args, booster, model, optimizer, scheduler, data, run_dir, n_params, precision)
+        run = Run(
+            args=args,
+            strategy=strategy,
+            booster=booster,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            data=data,
+            run_dir=run_dir,
+            n_params=n_params,
+        )
+        return _loop(run)
     finally:
         close = getattr(getattr(optimizer, "optim", None), "close", None)
         if close is not None:  # removes an NVMe swap directory now, not at exit
             close()
 
 
-def _plugin(args: argparse.Namespace, precision: str, run_dir: Path, name: str) -> Any:
-    """The ZeRO plugin named by --plugin, with optimizer states offloaded."""
-    from megalith.booster import GeminiPlugin, LowLevelZeroPlugin
-
-    if args.plugin == "gemini":
-        plugin = GeminiPlugin(precision=precision)
-    else:
-        plugin = LowLevelZeroPlugin(stage=1 if args.plugin == "zero1" else 2, precision=precision)
-    # The loop clips through the booster's optimizer, after backward: host chunks may be
-    # updated during backward only when it does not.
-    early = args.max_norm <= 0 and precision != "fp16"
-    if args.offload == "cpu":
-        plugin.set_offload(tier="host", step_in_backward=early)
-    elif args.offload == "auto":
-        budget = args.device_budget_gb
-        plugin.set_offload(
-            tier="host",
-            placement="auto",
-            step_in_backward=early,
-            device_budget_bytes=None if budget is None else int(budget * 1e9),
-        )
-    else:
-        plugin.set_offload(
-            tier="nvme",
-            step_in_backward=early,
-            swap_dir=str(args.swap_dir or run_dir / "swap"),
-            run_name="".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name),
-            master_tier="nvme" if args.nvme_masters else "host",
-        )
-    return plugin
-
-
-def _loop(
-    args: argparse.Namespace,
-    booster: Any,
-    model: Any,
-    optimizer: Any,
-    scheduler: Any,
-    data: text.Corpus,
-    run_dir: Path,
-    n_params: int,
-    precision: str,
-) -> int:
+def _loop(run: Run) -> int:
+    args, booster, model, optimizer = run.args, run.booster, run.model, run.optimizer
+    scheduler, data, run_dir = run.scheduler, run.data, run.run_dir
     world = comm.get_world()
     rank, size, device = world.rank, world.world_size, world.device
 
@@ -210,10 +195,10 @@ def _loop(
     metrics.truncate_after(start)
     if rank == 0:
         print(
-            f"megalith train: {args.model} ({n_params / 1e6:.2f} M params) on {size} {device.type} rank(s), "
-            f"plugin {args.plugin}"
-            + _offload_words(args)
-            + f", {precision}; {data.name}: {len(data.train) / 1e6:.2f} MB train, "
+            f"megalith train: {args.model} ({run.n_params / 1e6:.2f} M params) on {size} "
+            f"{device.type} rank(s), plugin {run.strategy.plugin}"
+            + _offload_words(run)
+            + f", {run.strategy.precision}; {data.name}: {len(data.train) / 1e6:.2f} MB train, "
             f"unigram baseline {data.unigram_nats:.3f} nats"
             + (f"; resumed at step {start}" if start else ""),
             flush=True,
@@ -234,8 +219,6 @@ def _loop(
         t0 = time.perf_counter()
         loss = model(ids, labels=ids)[0]
         booster.backward(loss, optimizer)
-        if args.max_norm > 0:
-            optimizer.clip_grad_by_norm(args.max_norm)
         optimizer.step()
         optimizer.zero_grad()
         scheduler.step()
@@ -280,25 +263,17 @@ def _loop(
     if bar:
         bar.close()
     if rank == 0:
-        _summary(
-            args,
-            metrics,
-            data,
-            run_dir,
-            ckpt_path,
-            n_params,
-            time.perf_counter() - t_run,
-            size,
-            device,
-            _offloaded(model),
-        )
+        _summary(run, metrics, ckpt_path, time.perf_counter() - t_run, _offloaded(model))
     return 0
 
 
-def _offload_words(args: argparse.Namespace) -> str:
-    if args.offload == "none":
+def _offload_words(run: Run) -> str:
+    """ " (offload nvme, masters on nvme)": --offload's word and where the masters went."""
+    offload = run.strategy.offload
+    if offload is None:
         return ""
-    return f" (offload {args.offload}" + (", masters on nvme)" if args.nvme_masters else ")")
+    masters = ", masters on nvme" if offload.master_tier == "nvme" else ""
+    return f" (offload {run.args.offload}{masters})"
 
 
 def _offloaded(model: Any) -> str | None:
@@ -332,17 +307,10 @@ def _offloaded(model: Any) -> str | None:
 
 
 def _summary(
-    args,
-    metrics: Metrics,
-    data: text.Corpus,
-    run_dir: Path,
-    ckpt: Path | None,
-    n_params: int,
-    seconds: float,
-    size: int,
-    device: torch.device,
-    offloaded: str | None = None,
+    run: Run, metrics: Metrics, ckpt: Path | None, seconds: float, offloaded: str | None
 ) -> None:
+    args, data, run_dir = run.args, run.data, run.run_dir
+    world = comm.get_world()
     rows = metrics.rows
     if not rows:
         return
@@ -351,8 +319,12 @@ def _summary(
     tok_s = sum(r["tokens_per_s"] for r in steady) / len(steady)
     vals = [r["val_loss"] for r in rows if "val_loss" in r]
     table = [
-        ("model", f"{args.model}, {n_params / 1e6:.2f} M params"),
-        ("ranks", f"{size} x {device.type}, plugin {args.plugin}" + _offload_words(args)),
+        ("model", f"{args.model}, {run.n_params / 1e6:.2f} M params"),
+        (
+            "ranks",
+            f"{world.world_size} x {world.device.type}, plugin {run.strategy.plugin}"
+            + _offload_words(run),
+        ),
         ("steps", f"{rows[-1]['step']} ({seconds:.0f} s this session)"),
         ("train loss", f"{rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f} nats"),
         ("val loss", f"{vals[-1]:.3f} nats ({text.bits(vals[-1]):.2f} bits/byte)" if vals else "-"),

@@ -1,47 +1,16 @@
-"""The options of `megalith train` (argparse), shared by the CLI and the ranks."""
+"""The options of `megalith train` (argparse), shared by the CLI and the ranks: the
+strategy options of megalith.cli.options (also `megalith plan`'s) and the run's own."""
 
 from __future__ import annotations
 
 import argparse
 
-PLUGINS = ("ddp", "zero1", "zero2", "gemini")
+from megalith.cli.options import add_strategy_options
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--plugin", default="ddp", choices=PLUGINS, help="parallelism (default: ddp)")
-    p.add_argument(
-        "--offload",
-        default="none",
-        choices=("none", "cpu", "nvme", "auto"),
-        help="where optimizer states and fp32 masters live: cpu (host memory), nvme "
-        "(files under --swap-dir), or auto (the first step runs with them on the host, "
-        "then what fits --device-budget-gb comes back to the device; with --plugin gemini "
-        "parameter shards too); needs megalith-offload, runs ddp as zero2 (default: none)",
-    )
-    p.add_argument(
-        "--device-budget-gb",
-        type=float,
-        default=None,
-        help="with --offload auto: the device memory (GB) the step may use; default: the "
-        "GPU's; required on CPU ranks (a simulated device)",
-    )
-    p.add_argument(
-        "--swap-dir",
-        default=None,
-        help="with --offload nvme: where the per-run swap directory goes (default: <run dir>/swap)",
-    )
-    p.add_argument(
-        "--nvme-masters",
-        action="store_true",
-        help="with --offload nvme: the fp32 masters go to the swap files too, beside the "
-        "optimizer states (host RAM then holds only staging; each step moves 4 more bytes "
-        "per parameter each way)",
-    )
-    p.add_argument(
-        "--precision",
-        default=None,
-        choices=("fp32", "bf16", "fp16"),
-        help="default: bf16 on GPUs, fp32 on CPU ranks",
+    add_strategy_options(
+        p, plugin="ddp", precision=None, precision_help="default: bf16 on GPUs, fp32 on CPU ranks"
     )
     p.add_argument(
         "--model", default="gpt-tiny", help="a megalith.models preset (gpt-tiny ... llama-7b)"

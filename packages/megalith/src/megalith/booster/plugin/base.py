@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from megalith.strategy import Strategy
 
 if TYPE_CHECKING:
     from ..checkpoint_io import CheckpointIO
@@ -46,9 +48,8 @@ def world():
 class Plugin:
     #: True when the plugin runs only with one CUDA GPU per rank.
     needs_gpu = False
-
-    def __init__(self) -> None:
-        self.precision = "fp32"
+    #: the working precision (the built-in plugins read theirs from their Strategy)
+    precision: str = "fp32"
 
     # -- called by the Booster ----------------------------------------------
     def configure(
@@ -118,3 +119,64 @@ class Plugin:
     @contextlib.contextmanager
     def nothing() -> Iterator[None]:
         yield
+
+
+_P = TypeVar("_P", bound="StrategyPlugin")
+
+
+class StrategyPlugin(Plugin):
+    """A plugin configured by one megalith.strategy.Strategy (the built-in plugins): its
+    constructor turns ColossalAI's arguments into the Strategy, from_strategy takes one as
+    it is, and precision, clipping and the rest are read from it."""
+
+    #: the Strategy.plugin names this class runs
+    runs: tuple[str, ...] = ()
+
+    def __init__(self, strategy: Strategy) -> None:
+        self.strategy = strategy
+
+    @classmethod
+    def from_strategy(cls: type[_P], strategy: Strategy) -> _P:
+        """The plugin that runs `strategy`; its options outside the Strategy (DDP's bucket
+        size, a tensor-parallel policy, ...) at their defaults."""
+        plugin = cls.__new__(cls)
+        plugin._default_options()
+        StrategyPlugin.__init__(plugin, strategy)
+        return plugin
+
+    def _default_options(self) -> None:
+        """Sets this plugin's options that are not the Strategy's to their defaults."""
+
+    @property
+    def strategy(self) -> Strategy:
+        return self._strategy
+
+    @strategy.setter
+    def strategy(self, strategy: Strategy) -> None:
+        if not isinstance(strategy, Strategy) or strategy.plugin not in self.runs:
+            raise ValueError(
+                f"{type(self).__name__} runs Strategy(plugin={' or '.join(map(repr, self.runs))}), "
+                f"not {strategy!r}: build the plugin with strategy.make_plugin()"
+            )
+        self._strategy = strategy
+
+    @property
+    def precision(self) -> str:  # type: ignore[override]
+        return self.strategy.precision
+
+    @precision.setter
+    def precision(self, precision: str) -> None:
+        checked = check_precision(type(self).__name__, precision)
+        self.strategy = self.strategy.replace(precision=checked)
+
+    @property
+    def max_norm(self) -> float:
+        return self.strategy.max_norm
+
+    @max_norm.setter
+    def max_norm(self, max_norm: float) -> None:
+        self.strategy = self.strategy.replace(max_norm=max_norm)
+
+    def set_precision(self, precision: str | None) -> None:
+        if precision is not None:
+            self.precision = precision

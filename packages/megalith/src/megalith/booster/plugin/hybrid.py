@@ -57,15 +57,16 @@ resumes under another tp x pp x dp layout, without a pipeline, or under DDP.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from megalith.strategy import Parallel, Strategy, colossal_loss_scale
+
 from ..wrappers import ModelWrapper, OptimizerWrapper
-from .base import Plugin, check_precision, require, world
+from .base import StrategyPlugin, check_precision, require, world
 from .checkpointing import apply_checkpointing, checkpoint_config
 from .hybrid_pipeline import PipelineModel, PipelineSettings
 
@@ -263,7 +264,9 @@ class PipelineOptimizer(HybridOptimizer):
         return math.sqrt(float(total))
 
 
-class HybridParallelPlugin(Plugin):
+class HybridParallelPlugin(StrategyPlugin):
+    runs = ("hybrid",)
+
     def __init__(
         self,
         tp_size: int,
@@ -291,13 +294,11 @@ class HybridParallelPlugin(Plugin):
         cpu_offload: bool = False,
         **unsupported: Any,
     ) -> None:
-        super().__init__()
         if not isinstance(tp_size, int) or tp_size < 1:
             raise ValueError(f"HybridParallelPlugin: tp_size must be an int >= 1, got {tp_size!r}")
-        self.pipeline = PipelineSettings.check(
+        PipelineSettings.check(
             pp_size, pp_style, num_model_chunks, num_microbatches, microbatch_size
         )
-        self.pp_size = pp_size
         if pp_size > 1 and sequence_parallelism_mode == "all_to_all":
             raise NotImplementedError(
                 "HybridParallelPlugin: all_to_all sequence parallelism with pp_size > 1 is not "
@@ -316,14 +317,14 @@ class HybridParallelPlugin(Plugin):
                 f"HybridParallelPlugin: sequence_parallelism_mode={mode!r}; built: "
                 "'split_gather' (Megatron style, over the tp group) and 'all_to_all' (Ulysses)"
             )
-        self.sp_size = 1
+        sp = 1
         if mode == "all_to_all":
             if not sp_size or sp_size < 2:
                 raise ValueError(
                     f"HybridParallelPlugin: all_to_all with sp_size={sp_size}; give the sequence "
                     "axis's size, sp_size >= 2 (it runs beside tp_size: world = dp x sp x tp)"
                 )
-            self.sp_size = sp_size
+            sp = sp_size
         elif sp_size not in (None, 1) and sp_size != tp_size:
             raise NotImplementedError(
                 f"HybridParallelPlugin: sp_size={sp_size}; split_gather runs over the tp group "
@@ -335,7 +336,6 @@ class HybridParallelPlugin(Plugin):
                 "cpu_offload moves ZeRO's fp32 masters and optimizer states to host memory: "
                 "set zero_stage=1 or 2"
             )
-        self.cpu_offload = cpu_offload
         self.checkpointing = checkpoint_config(gradient_checkpoint_config)
         unsupported = {k: v for k, v in unsupported.items() if k not in SPEED_HINTS}
         if unsupported:
@@ -343,23 +343,76 @@ class HybridParallelPlugin(Plugin):
                 f"HybridParallelPlugin: {sorted(unsupported)} not supported yet (accepted "
                 f"and already in effect: {', '.join(sorted(SPEED_HINTS))})"
             )
-        self.tp_size, self.zero_stage = tp_size, zero_stage
-        self.sequence_parallel = mode == "split_gather"
-        self.sp_mode = mode
         self.custom_policy = custom_policy
-        self.max_norm = max_norm
-        from .zero import _scale_args
-
-        self._loss_scale = _scale_args(
-            initial_scale, min_scale, growth_factor, backoff_factor, growth_interval, hysteresis,
-            max_scale,
-        )  # fmt: skip
-        self.set_precision(precision)
         self.mesh: Any = None
+        offload = None
+        if cpu_offload:
+            mo = require(
+                "megalith_offload", "megalith-offload", "HybridParallelPlugin(cpu_offload)"
+            )
+            offload = mo.OffloadConfig(tier="host", optim_frac=1.0)
+        parallel = Parallel(
+            tp=tp_size, pp=pp_size, sp=sp, sequence_parallelism=mode, pp_style=pp_style,
+            num_model_chunks=num_model_chunks, num_microbatches=num_microbatches,
+            microbatch_size=microbatch_size,
+        )  # fmt: skip
+        super().__init__(
+            Strategy(
+                plugin="hybrid",
+                zero_stage=zero_stage,
+                precision=check_precision("HybridParallelPlugin", precision),
+                parallel=parallel,
+                offload=offload,
+                loss_scale=colossal_loss_scale(
+                    initial_scale=initial_scale,
+                    min_scale=min_scale,
+                    growth_factor=growth_factor,
+                    backoff_factor=backoff_factor,
+                    growth_interval=growth_interval,
+                    hysteresis=hysteresis,
+                    max_scale=max_scale,
+                ),
+                max_norm=max_norm,
+            )
+        )
 
-    def set_precision(self, precision: str | None) -> None:
-        p = check_precision("HybridParallelPlugin", precision)
-        self.precision = p
+    def _default_options(self) -> None:
+        self.checkpointing = None
+        self.custom_policy = None
+        self.mesh = None
+
+    # The Strategy's settings under the names the rest of the plugin reads.
+    @property
+    def tp_size(self) -> int:
+        return self.strategy.parallel.tp
+
+    @property
+    def pp_size(self) -> int:
+        return self.strategy.parallel.pp
+
+    @property
+    def sp_size(self) -> int:
+        return self.strategy.parallel.sp
+
+    @property
+    def sp_mode(self) -> str | None:
+        return self.strategy.parallel.sequence_parallelism
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.sp_mode == "split_gather"
+
+    @property
+    def zero_stage(self) -> int:
+        return self.strategy.zero_stage
+
+    @property
+    def cpu_offload(self) -> bool:
+        return self.strategy.offload is not None
+
+    @property
+    def pipeline(self) -> PipelineSettings:
+        return self.strategy.parallel.pipeline_settings()
 
     def supported_precisions(self) -> tuple[str, ...]:
         return ("fp32", "bf16", "fp16")
@@ -369,7 +422,7 @@ class HybridParallelPlugin(Plugin):
         if self.precision != "fp16":
             return None
         zero = require("megalith_zero", "megalith-zero", "HybridParallelPlugin(precision='fp16')")
-        return zero.DynamicLossScaler(zero.LossScaleConfig(**self._loss_scale))
+        return zero.DynamicLossScaler(self.strategy.loss_scale)
 
     def _model_parallel(self, zero: Any, pipe: Any = None) -> Any:
         """megalith_zero's view of the rest of this dp replica (tp shards, pp stages): a
@@ -463,10 +516,8 @@ class HybridParallelPlugin(Plugin):
 
         if optimizer is None:
             raise ValueError(f"{what}: boost() needs the optimizer")
-        config = zero.ZeroConfig(stage=stage, precision=self.precision, offload=self._offload())
-        config = dataclasses.replace(config, loss_scale=zero.LossScaleConfig(**self._loss_scale))
         zmodel, zopt = zero.shard(
-            model, optimizer, config, mesh=self.mesh, axis="dp",
+            model, optimizer, self.strategy.zero_config(), mesh=self.mesh, axis="dp",
             model_parallel=self._model_parallel(zero),
         )  # fmt: skip
         return (
@@ -510,30 +561,18 @@ class HybridParallelPlugin(Plugin):
 
         if optimizer is None:
             raise ValueError(f"{what}: boost() needs the optimizer")
-        # bf16 and fp16 come from autocast here (fp32 parameters and masters)
-        # Stage 2 reduce-scatters once per step: every micro-batch but the last runs
-        # under ZeRO's no_sync, which accumulates the full gradients locally.
-        config = zero.ZeroConfig(stage=self.zero_stage, precision="fp32", offload=self._offload())
-        config = dataclasses.replace(
-            config,
-            loss_scale=zero.LossScaleConfig(**self._loss_scale),
-            loss_scaling=self.precision == "fp16",  # fp16 autocast over fp32 parameters
-        )
+        # bf16 and fp16 come from autocast here (the Strategy's ZeroConfig under a pipeline:
+        # fp32 parameters and masters, fp16 scaling the loss). Stage 2 reduce-scatters once
+        # per step: every micro-batch but the last runs under ZeRO's no_sync, which
+        # accumulates the full gradients locally.
         _, zopt = zero.shard(
-            pipe.module, optimizer, config, mesh=self.mesh, axis="dp",
+            pipe.module, optimizer, self.strategy.zero_config(), mesh=self.mesh, axis="dp",
             model_parallel=self._model_parallel(zero, pipe),
         )  # fmt: skip
         wrapped.zero_no_sync = zopt.no_sync
         zwrapped = ZeroOptimizerWrapper(zopt, self.max_norm)
         zwrapped.pipeline_model = wrapped  # checkpoint_io: names the stages' states
         return wrapped, zwrapped, criterion, dataloader, lr_scheduler
-
-    def _offload(self) -> Any:
-        """cpu_offload: every fp32 master and optimizer state in (pinned) host memory."""
-        if not self.cpu_offload:
-            return None
-        mo = require("megalith_offload", "megalith-offload", "HybridParallelPlugin(cpu_offload)")
-        return mo.OffloadConfig(tier="host", optim_frac=1.0)
 
     def execute_pipeline(
         self,

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from megalith.strategy import Strategy
+
 from ..wrappers import ModelWrapper, OptimizerWrapper
-from .base import Plugin, check_precision, world
+from .base import StrategyPlugin, check_precision, world
 
 if TYPE_CHECKING:
     from ..checkpoint_io import CheckpointIO
@@ -86,8 +88,10 @@ class DDPOptimizer(OptimizerWrapper):
             yield
 
 
-class TorchDDPPlugin(Plugin):
+class TorchDDPPlugin(StrategyPlugin):
     """ColossalAI's TorchDDPPlugin arguments; the Booster's mixed_precision sets precision."""
+
+    runs = ("ddp",)
 
     def __init__(
         self,
@@ -99,7 +103,6 @@ class TorchDDPPlugin(Plugin):
         static_graph: bool = False,
         max_norm: float = 0.0,
     ) -> None:
-        super().__init__()
         given = dict(
             broadcast_buffers=broadcast_buffers,
             bucket_cap_mb=bucket_cap_mb,
@@ -118,9 +121,13 @@ class TorchDDPPlugin(Plugin):
             static_graph=False,
         )
         self.ddp_kwargs = {k: v for k, v in given.items() if defaults[k] != v}
-        self.max_norm = max_norm
+        super().__init__(Strategy(plugin="ddp", max_norm=max_norm))
+
+    def _default_options(self) -> None:
+        self.ddp_kwargs = {}
 
     def set_precision(self, precision: str | None) -> None:
+        """None is fp32 (the Booster's mixed_precision=None)."""
         self.precision = check_precision("TorchDDPPlugin", precision)
 
     def configure(self, model, optimizer, criterion, dataloader, lr_scheduler):

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from megalith.strategy import Strategy, ZeroTuning, colossal_loss_scale
+
 from ..wrappers import ModelWrapper, OptimizerWrapper
-from .base import Plugin, check_precision, require, world
+from .base import StrategyPlugin, check_precision, require, world
 
 if TYPE_CHECKING:
     from ..checkpoint_io import CheckpointIO
@@ -54,27 +56,15 @@ class ZeroOptimizerWrapper(OptimizerWrapper):
         return self.optim.loss_scale
 
 
-class _ZeroPlugin(Plugin):
-    stage = 2
+class _ZeroPlugin(StrategyPlugin):
+    @property
+    def stage(self) -> int:
+        return self.strategy.zero_stage
 
-    def _setup(
-        self,
-        precision: str,
-        max_norm: float,
-        loss_scale: dict[str, Any],
-        chunk_bytes: int,
-        reduce_dtype: Any,
-        overlap: bool,
-    ) -> None:
-        self.precision = check_precision(type(self).__name__, precision)
-        self.max_norm = max_norm
-        self._loss_scale = loss_scale
-        self._chunk_bytes = chunk_bytes
-        self._reduce_dtype = reduce_dtype
-        self._overlap = overlap
-        self._offload: Any = None  # a megalith_offload.OffloadConfig, or None
-        self._overlap_gather = False  # LowLevelZeroPlugin(overlap_allgather=True)
-        self._step_in_backward: bool | None = None  # None: when nothing clips or scales
+    @property
+    def _offload(self) -> Any:
+        """The megalith_offload.OffloadConfig, or None."""
+        return self.strategy.offload
 
     def set_offload(self, step_in_backward: bool | None = None, **kwargs: Any) -> None:
         """Offloads optimizer states: kwargs of megalith_offload.OffloadConfig (tier,
@@ -82,32 +72,13 @@ class _ZeroPlugin(Plugin):
         step_in_backward (megalith_zero.ZeroConfig's): None updates chunks during
         backward whenever the plugin neither clips (max_norm 0) nor scales the loss
         (precision not fp16)."""
-        mo = require("megalith_offload", "megalith-offload", type(self).__name__ + " offloading")
-        self._offload = mo.OffloadConfig(**kwargs)
-        self._step_in_backward = step_in_backward
-
-    def _updates_in_backward(self) -> bool:
-        if self._step_in_backward is not None:
-            return self._step_in_backward
-        return self._offload is not None and not self.max_norm and self.precision != "fp16"
-
-    def set_precision(self, precision: str | None) -> None:
-        if precision is not None:
-            self.precision = check_precision(type(self).__name__, precision)
+        self.strategy = self.strategy.replace(
+            offload=_offload_config(type(self).__name__, **kwargs),
+            step_in_backward=step_in_backward,
+        )
 
     def zero_config(self) -> Any:
-        zero = require("megalith_zero", "megalith-zero", type(self).__name__)
-        return zero.ZeroConfig(
-            stage=self.stage,
-            precision=self.precision,
-            reduce_dtype=self._reduce_dtype,
-            chunk_bytes=self._chunk_bytes,
-            loss_scale=zero.LossScaleConfig(**self._loss_scale),
-            overlap=self._overlap,
-            offload=self._offload,
-            step_in_backward=self._updates_in_backward(),
-            overlap_param_gather=self._overlap_gather,
-        )
+        return self.strategy.zero_config()
 
     def configure(self, model, optimizer, criterion, dataloader, lr_scheduler):
         zero = require("megalith_zero", "megalith-zero", type(self).__name__)
@@ -140,18 +111,9 @@ class _ZeroPlugin(Plugin):
         return ZeroCheckpointIO()
 
 
-def _scale_args(
-    initial_scale, min_scale, growth_factor, backoff_factor, growth_interval, hysteresis, max_scale
-):
-    return dict(
-        initial=float(initial_scale),
-        min_scale=float(min_scale),
-        growth=float(growth_factor),
-        backoff=float(backoff_factor),
-        growth_interval=int(growth_interval),
-        hysteresis=int(hysteresis),
-        max_scale=float(max_scale),
-    )
+def _offload_config(owner: str, **kwargs: Any) -> Any:
+    mo = require("megalith_offload", "megalith-offload", owner + " offloading")
+    return mo.OffloadConfig(**kwargs)
 
 
 class LowLevelZeroPlugin(_ZeroPlugin):
@@ -159,6 +121,8 @@ class LowLevelZeroPlugin(_ZeroPlugin):
     master and optimizer state in host memory (megalith-offload), stepped there by the
     engine's CPU kernel. overlap_allgather=True leaves the parameter all-gathers after a
     step to the next forward's modules (megalith_zero's overlap_param_gather)."""
+
+    runs = ("zero1", "zero2")
 
     def __init__(
         self,
@@ -179,31 +143,36 @@ class LowLevelZeroPlugin(_ZeroPlugin):
         verbose: bool = False,
         overlap_allgather: bool = False,
     ) -> None:
-        super().__init__()
         if stage not in (1, 2):
             raise ValueError(
                 f"LowLevelZeroPlugin: stage={stage}; expected 1 or 2 (stage 3 is GeminiPlugin)"
             )
-        self.stage = stage
-        self._setup(
-            precision,
-            max_norm,
-            _scale_args(
-                initial_scale,
-                min_scale,
-                growth_factor,
-                backoff_factor,
-                growth_interval,
-                hysteresis,
-                max_scale,
-            ),
-            reduce_bucket_size_in_m << 20,
-            communication_dtype,
-            overlap_communication,
-        )
+        offload = None
         if cpu_offload:
-            self.set_offload(tier="host", optim_frac=1.0)
-        self._overlap_gather = overlap_allgather
+            offload = _offload_config("LowLevelZeroPlugin", tier="host", optim_frac=1.0)
+        super().__init__(
+            Strategy(
+                plugin=f"zero{stage}",
+                precision=check_precision("LowLevelZeroPlugin", precision),
+                offload=offload,
+                loss_scale=colossal_loss_scale(
+                    initial_scale=initial_scale,
+                    min_scale=min_scale,
+                    growth_factor=growth_factor,
+                    backoff_factor=backoff_factor,
+                    growth_interval=growth_interval,
+                    hysteresis=hysteresis,
+                    max_scale=max_scale,
+                ),
+                max_norm=max_norm,
+                zero=ZeroTuning(
+                    chunk_bytes=reduce_bucket_size_in_m << 20,
+                    reduce_dtype=communication_dtype,
+                    overlap=overlap_communication,
+                    overlap_param_gather=overlap_allgather,
+                ),
+            )
+        )
 
 
 class GeminiPlugin(_ZeroPlugin):
@@ -217,7 +186,7 @@ class GeminiPlugin(_ZeroPlugin):
     that fraction of the chunks' parameter shards in host memory (at most
     offload_optim_frac: the host kernel writes them)."""
 
-    stage = 3
+    runs = ("gemini",)
 
     def __init__(
         self,
@@ -240,7 +209,6 @@ class GeminiPlugin(_ZeroPlugin):
         verbose: bool = False,
         steady_cuda_cap_ratio: float = 0.9,
     ) -> None:
-        super().__init__()
         if placement_policy not in ("static", "auto"):
             raise ValueError(
                 f"GeminiPlugin: placement_policy={placement_policy!r}; expected 'static' or 'auto'"
@@ -255,23 +223,7 @@ class GeminiPlugin(_ZeroPlugin):
                 f"GeminiPlugin: shard_param_frac={shard_param_frac}; megalith shards all parameters at stage 3 "
                 "(use 1.0, or LowLevelZeroPlugin to keep parameters whole)"
             )
-        chunk_bytes = int((chunk_config_dict or {}).get("chunk_size", 0))
-        self._setup(
-            precision,
-            max_norm,
-            _scale_args(
-                initial_scale,
-                min_scale,
-                growth_factor,
-                backoff_factor,
-                growth_interval,
-                hysteresis,
-                max_scale,
-            ),
-            chunk_bytes,
-            None,
-            True,
-        )
+        offload = None
         if placement_policy == "auto":
             if offload_optim_frac:
                 raise ValueError(
@@ -286,8 +238,12 @@ class GeminiPlugin(_ZeroPlugin):
                     "shards leave the GPU itself (leave offload_param_frac at 0.0, or use "
                     "placement_policy='static' to choose it)"
                 )
-            self.set_offload(
-                tier="host", optim_frac=1.0, placement="auto", headroom=1.0 - steady_cuda_cap_ratio
+            offload = _offload_config(
+                "GeminiPlugin",
+                tier="host",
+                optim_frac=1.0,
+                placement="auto",
+                headroom=1.0 - steady_cuda_cap_ratio,
             )
         elif offload_optim_frac or offload_param_frac:
             if offload_param_frac > offload_optim_frac:
@@ -297,6 +253,27 @@ class GeminiPlugin(_ZeroPlugin):
                     "where its optimizer states do (the host kernel writes them): raise "
                     "offload_optim_frac to at least offload_param_frac"
                 )
-            self.set_offload(
-                tier="host", optim_frac=offload_optim_frac, param_frac=offload_param_frac
+            offload = _offload_config(
+                "GeminiPlugin",
+                tier="host",
+                optim_frac=offload_optim_frac,
+                param_frac=offload_param_frac,
             )
+        super().__init__(
+            Strategy(
+                plugin="gemini",
+                precision=check_precision("GeminiPlugin", precision),
+                offload=offload,
+                loss_scale=colossal_loss_scale(
+                    initial_scale=initial_scale,
+                    min_scale=min_scale,
+                    growth_factor=growth_factor,
+                    backoff_factor=backoff_factor,
+                    growth_interval=growth_interval,
+                    hysteresis=hysteresis,
+                    max_scale=max_scale,
+                ),
+                max_norm=max_norm,
+                zero=ZeroTuning(chunk_bytes=int((chunk_config_dict or {}).get("chunk_size", 0))),
+            )
+        )
