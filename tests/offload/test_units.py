@@ -199,3 +199,32 @@ def test_visit_frac_balances_host_and_link():
     assert not host_update_binds(0.05, 1.0, 3.0)  # backward hid the update
     with pytest.raises(ValueError, match="visit_frac='some'; expected 0 <= visit_frac <= 1 or"):
         OffloadConfig(visit_frac="some")
+
+
+def test_offloader_records_and_moves_a_chunk_to_the_device():
+    """The Offloader keeps where each chunk is (keyed by chunk index; a key it does not
+    plan is on the device) and changes that record only through its own moves."""
+    from types import SimpleNamespace
+
+    from megalith_offload import Offloader
+
+    n = 64
+    costs = {3: ChunkCost(device=3 * 4 * n, master=4 * n, states=2 * 4 * n, swap=0)}
+    off = Offloader(OffloadConfig(tier="host"), costs, rank=0, pinned=False)
+    assert off.tier_of(3) == "host" and off.tier_of(0) == "device" and off.tiers == ("host",)
+    master = off.host.zeros("master", n).add_(1.0)
+    chunk = SimpleNamespace(
+        spec=SimpleNamespace(index=3, shard_numel=n),
+        shard=torch.zeros(n, dtype=torch.bfloat16),
+        memory=StateMemory("cpu"),
+        master=master,
+        states={"exp_avg": off.host.zeros("optim_states", n).add_(2.0)},
+    )
+    off.move_to_device(chunk, ("exp_avg", "exp_avg_sq"))
+    assert off.tier_of(3) == "device" and chunk.memory.usage("master").current_bytes == 4 * n
+    assert torch.equal(chunk.master, torch.ones(n))
+    assert torch.equal(chunk.states["exp_avg"], torch.full((n,), 2.0))
+    assert not chunk.states["exp_avg_sq"].any()  # never stepped: zeros
+    del master
+    assert off.report()["master@host"][0] == 0  # the host copies went with their tensors
+    off.close()

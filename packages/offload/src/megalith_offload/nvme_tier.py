@@ -31,7 +31,9 @@ class NvmeTier:
     def step(
         self, updates: Sequence[ChunkUpdate], grad_scale: float, in_backward: bool = False
     ) -> None:
-        """Updates the chunks, their states read and written back around each one."""
+        """Updates the chunks, their states read and written back around each one, in
+        param-group order."""
+        updates = sorted(updates, key=lambda u: u.chunk.spec.group)
         work_of = {id(u.chunk): u for u in updates}
         for c in swapped_states(self.offloader, [(u.chunk, u.names) for u in updates]):
             u = work_of[id(c)]
