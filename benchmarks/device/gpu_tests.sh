@@ -9,8 +9,8 @@
 #   ctest   the C++ tests of the labels gpu and nccl (core/tests/CMakeLists.txt), built for
 #           this GPU alone (CUDAARCHS, default 90) in the background while pytest runs.
 # SECTIONS="pytest ctest" (default both) picks the parts; the build always runs.
-# GPU_TESTS=tests PYTEST_LIMIT=1500 runs the whole suite instead (a call of its own: the
-# CPU tests take most of that on 16 cores).
+# GPU_TESTS=tests runs the whole suite instead (PYTEST_LIMIT, default 330 s, bounds pytest;
+# the whole suite may need more than one 10-minute call allows).
 # Logs under $OUT: machine.txt, build.txt, pytest_gpu.txt, cpp_build.txt, ctest_gpu.txt and
 # summary.txt (one line per part with its exit status and seconds). Copy them to
 # benchmarks/device/logs/<date>_<machine>_gpu_tests.txt (see benchmarks/README.md).
