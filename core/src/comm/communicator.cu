@@ -31,7 +31,7 @@ std::atomic<int> g_unnamed{0};
 // before it still does); the watchdog covers operations in both modes.
 // Blocking is the default: on two H200s non-blocking mode put NCCL's enqueue
 // on its own thread and small all_reduces took ~100 us against ~27 us blocking
-// (torch: ~43 us), benchmarks/results/gpu_comm_2026-11-29_h200x2_w2_blocking*.
+// (torch: ~43 us), benchmarks/results/comm_gpu/2026-11-29_h200x2_world2_blocking*.
 constexpr bool kBlockingByDefault = true;  // non-blocking cost ~3x latency at 2 GPUs (benchmarks/results)
 
 bool want_nonblocking(const nccl::Api& api) {

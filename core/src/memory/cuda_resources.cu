@@ -34,7 +34,7 @@ detail::OverAligned& device_over_aligned() {
 // [Note: pinned huge pages]
 // The host optimizer streams its masters and states (12-16 B/param) every step; over
 // 4 KiB pages the TLB misses cost it about a fifth of its speed on a 16-core host
-// (benchmarks/results/host_adam_2026-11-30_h200x2host_16threads_thp.md). cudaHostAlloc
+// (benchmarks/results/optim_host/2026-11-30_h200x2_16threads_thp.md). cudaHostAlloc
 // gives no say in the page size, so large blocks are allocated 2 MiB aligned, advised
 // for transparent huge pages and then page-locked with cudaHostRegister. Anything that
 // fails there falls back to cudaHostAlloc; MEGALITH_PINNED_HUGE_PAGES=0 turns it off.
