@@ -57,6 +57,7 @@ def test_booster_hands_every_checkpoint_call_to_the_plugins_io():
             return io
 
     booster = Booster(plugin=Custom())
+    assert booster.checkpoint_io is io
     booster.save_model("m", "ckpt/model", shard=True, size_per_shard=7)
     booster.load_model("m", "ckpt/model", strict=False)
     booster.save_optimizer("o", "ckpt/optim", shard=True, size_per_shard=3)

@@ -108,7 +108,9 @@ class Booster:
         return {"loss": loss if return_loss else None, "outputs": outputs}
 
     # -- checkpoints: the plugin's CheckpointIO (ColossalAI's names and arguments) ---------
+    @property
     def checkpoint_io(self) -> CheckpointIO:
+        """The plugin's, asked for each time: it follows the plugin's configuration."""
         return self.plugin.get_checkpoint_io()
 
     def save_model(
@@ -123,12 +125,12 @@ class Booster:
     ) -> None:
         """safetensors always (nothing is pickled): a file, or with shard=True a directory of
         files of at most size_per_shard MiB plus model.safetensors.index.json."""
-        self.checkpoint_io().save_model(
+        self.checkpoint_io.save_model(
             model, checkpoint, shard, gather_dtensor, prefix, size_per_shard, use_safetensors
         )
 
     def load_model(self, model: Any, checkpoint: str, strict: bool = True) -> None:
-        self.checkpoint_io().load_model(model, checkpoint, strict)
+        self.checkpoint_io.load_model(model, checkpoint, strict)
 
     def save_optimizer(
         self,
@@ -139,20 +141,20 @@ class Booster:
         prefix: str | None = None,
         size_per_shard: int = 1024,
     ) -> None:
-        self.checkpoint_io().save_optimizer(
+        self.checkpoint_io.save_optimizer(
             optimizer, checkpoint, shard, gather_dtensor, prefix, size_per_shard
         )
 
     def load_optimizer(
         self, optimizer: Any, checkpoint: str, prefix: str | None = None, size_per_shard: int = 1024
     ) -> None:
-        self.checkpoint_io().load_optimizer(optimizer, checkpoint, prefix, size_per_shard)
+        self.checkpoint_io.load_optimizer(optimizer, checkpoint, prefix, size_per_shard)
 
     def save_lr_scheduler(self, lr_scheduler: Any, checkpoint: str) -> None:
-        self.checkpoint_io().save_lr_scheduler(lr_scheduler, checkpoint)
+        self.checkpoint_io.save_lr_scheduler(lr_scheduler, checkpoint)
 
     def load_lr_scheduler(self, lr_scheduler: Any, checkpoint: str) -> None:
-        self.checkpoint_io().load_lr_scheduler(lr_scheduler, checkpoint)
+        self.checkpoint_io.load_lr_scheduler(lr_scheduler, checkpoint)
 
 
 def launch_from_torch(seed: int = 1024, verbose: bool = False, **kwargs: Any) -> None:
