@@ -90,6 +90,14 @@ class Offloader:
         """Whether the chunk's fp32 master lives in its states' swap file (master_tier)."""
         return self.tier_of(key) == "nvme" and self.config.master_tier == "nvme"
 
+    def host_of(self, key: int) -> StateMemory | None:
+        """The host arena holding an offloaded chunk's master (and host states)."""
+        return self.host if self.tier_of(key) != "device" else None
+
+    def swap_of(self, key: int) -> SwapStore | None:
+        """The swap files of a chunk whose states live on NVMe."""
+        return self.swap if self.tier_of(key) == "nvme" else None
+
     def params_off_device(self, key: int) -> bool:
         return self.params_on_host(key) or self.params_on_nvme(key)
 

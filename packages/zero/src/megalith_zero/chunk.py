@@ -158,12 +158,12 @@ class FlatChunk:
     @property
     def host(self) -> StateMemory | None:
         """The host arena of an offloaded chunk."""
-        return self.offloader.host if self.tier != "device" else None
+        return None if self.offloader is None else self.offloader.host_of(self.spec.index)
 
     @property
     def swap(self) -> SwapStore | None:
         """The swap files of an NVMe chunk."""
-        return self.offloader.swap if self.tier == "nvme" else None
+        return None if self.offloader is None else self.offloader.swap_of(self.spec.index)
 
     @property
     def masters_on_nvme(self) -> bool:
