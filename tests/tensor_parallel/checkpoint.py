@@ -159,3 +159,26 @@ def optimizer_round_trip(rank: int, path: str, zero_stage: int, seed: int) -> li
             errors, f"tp 1 resumed loss {i + 2}", _step(plugin3, model3, opt3, ids), ref_losses[i]
         )
     return errors
+
+
+def zero_bf16_load_survives_a_step(rank: int, path: str) -> list[str]:
+    """tp 2 under ZeRO-1 in bf16: a loaded model's fp32 masters hold the loaded values, so
+    a step at lr 0 leaves the parameters as saved (the tensors that changed are returned)."""
+    from megalith.tensor_parallel.state import full_state_dict
+
+    def boosted(seed: int):
+        model = models.create("llama-tiny", device="cpu", seed=seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.0, weight_decay=0.0)
+        booster = Booster(plugin=HybridParallelPlugin(tp_size=2, zero_stage=1, precision="bf16"))
+        model, opt, *_ = booster.boost(model, opt)
+        return booster, model, opt
+
+    booster, model, _ = boosted(3)
+    saved = {k: v.clone() for k, v in full_state_dict(model.unwrap()).items()}
+    booster.save_model(model, path, shard=True, size_per_shard=1)
+    booster2, model2, opt2 = boosted(4)
+    booster2.load_model(model2, path)
+    opt2.backward(model2(torch.randint(0, VOCAB, (2, SEQ))).float().square().mean())
+    opt2.step()
+    again = full_state_dict(model2.unwrap())
+    return [k for k, t in saved.items() if not torch.equal(t.to(again[k].dtype), again[k])]

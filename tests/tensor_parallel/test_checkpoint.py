@@ -13,7 +13,12 @@ from safetensors import safe_open
 
 from megalith import models
 from megalith.testing import run_distributed
-from tests.tensor_parallel.checkpoint import CASE, optimizer_round_trip, save_and_load
+from tests.tensor_parallel.checkpoint import (
+    CASE,
+    optimizer_round_trip,
+    save_and_load,
+    zero_bf16_load_survives_a_step,
+)
 from tests.tensor_parallel.models import build
 
 
@@ -29,6 +34,11 @@ def test_tp_model_checkpoint_is_full(tmp_path):
             shapes.update({k: tuple(st.get_slice(k).get_shape()) for k in st.keys()})
     for n, p in ref.named_parameters():
         assert shapes[n] == tuple(p.shape), n
+
+
+def test_tp_zero_bf16_load_reaches_the_masters(tmp_path):
+    changed = run_distributed(zero_bf16_load_survives_a_step, 2, str(tmp_path), timeout=180)
+    assert changed == [[], []], changed[0][:5]
 
 
 @pytest.mark.parametrize(
