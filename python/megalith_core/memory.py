@@ -50,7 +50,7 @@ class Usage(NamedTuple):
 class Reporter(Protocol):
     """Another holder of training state whose bytes join an arena's report."""
 
-    def report(self) -> dict[str, Usage]: ...
+    def report(self) -> dict[str, tuple[int, int]]: ...  # (current, peak) bytes by kind
 
     def reset_peak(self) -> None: ...
 

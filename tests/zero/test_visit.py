@@ -1,7 +1,7 @@
 """megalith_offload's DeviceVisits on its own (CPU ranks: the slots are CPU memory): a
 visiting chunk's master and states go through a slot and come back updated exactly as
 the same update in place would leave them, with more chunks than slots and chunks
-smaller than a slot. The training-level tests are in test_offload_visit.py."""
+smaller than a slot. The training-level tests are in tests/offload/test_zero.py."""
 
 from __future__ import annotations
 
