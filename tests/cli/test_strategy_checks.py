@@ -95,3 +95,10 @@ def test_clipping_and_scaling_keep_offloaded_updates_in_step():
     assert not Strategy(plugin="zero2", offload=offload, max_norm=1.0).updates_in_backward
     assert not Strategy(plugin="zero2", offload=offload, precision="fp16").updates_in_backward
     assert not Strategy(plugin="zero2").updates_in_backward
+
+
+def test_data_parallel_size_is_what_the_model_parallel_axes_leave():
+    s = Strategy(plugin="hybrid", parallel=Parallel(tp=2, pp=2, num_microbatches=2))
+    assert s.dp_size(8) == 2 and Strategy(plugin="zero2").dp_size(3) == 3
+    with pytest.raises(ValueError, match="run a multiple of 4 ranks"):
+        s.dp_size(6)

@@ -313,6 +313,17 @@ class Strategy:
                 changes.setdefault("zero", dataclasses.replace(self.zero, chunk_bytes=None))
         return dataclasses.replace(self, **changes)
 
+    def dp_size(self, world_size: int) -> int:
+        """The data-parallel ranks at this world size: world / (tp x pp x sp), whole."""
+        p = self.parallel
+        if world_size < 1 or world_size % p.size:
+            raise ValueError(
+                f"Strategy: world size {world_size} is not divisible by tp_size {p.tp} * "
+                f"sp_size {p.sp} * pp_size {p.pp} = {p.size}; dp = world size / {p.size} must "
+                f"be whole: run a multiple of {p.size} ranks, or make tp, pp or sp smaller"
+            )
+        return world_size // p.size
+
     @property
     def updates_in_backward(self) -> bool:
         """Whether ZeRO updates chunks as backward reduces their gradients."""

@@ -442,15 +442,7 @@ class HybridParallelPlugin(StrategyPlugin):
         return zero.ModelParallel(self.mesh.group(axes), weight)
 
     def _dp(self) -> int:
-        w = world()
-        inner = self.tp_size * self.sp_size * self.pp_size
-        if w.world_size % inner:
-            raise ValueError(
-                f"HybridParallelPlugin: world size {w.world_size} is not divisible by "
-                f"tp_size {self.tp_size} * sp_size {self.sp_size} * pp_size {self.pp_size} = "
-                f"{inner}; dp = world size / {inner} must be whole"
-            )
-        return w.world_size // inner
+        return self.strategy.dp_size(world().world_size)
 
     @property
     def dp_rank_size(self) -> tuple[int, int]:
