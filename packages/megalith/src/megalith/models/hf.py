@@ -16,6 +16,9 @@ from typing import Any
 
 import torch
 
+from megalith_core.atomic_files import atomic_write_json
+from megalith_core.safetensors_files import atomic_save
+
 from .base import CausalLM
 from .config import GPTConfig, LlamaConfig, ModelConfig
 
@@ -141,16 +144,15 @@ def save_pretrained(
 ) -> Path:
     """Writes config.json and the weights (sharded with an index past max_shard_bytes).
 
-    Not atomic: checkpoints that must survive a crash mid-save go through the
-    Booster's save_model (the same weight files, no config.json: write
-    model.to_hf_config() beside them to make the folder loadable by transformers).
+    Each file is written atomically (megalith_core.atomic_files), the index last, so a
+    crash mid-save never leaves a file half written; a folder saved over an older one
+    can still mix files of both until the index lands.
     """
-    st = _safetensors()
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     state = hf_state_dict(model)
     dtype = next(iter(state.values())).dtype
-    (path / "config.json").write_text(json.dumps(to_hf_config(model.config, dtype), indent=2))
+    atomic_write_json(path / "config.json", to_hf_config(model.config, dtype), indent=2)
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, tensor in state.items():
@@ -161,16 +163,16 @@ def save_pretrained(
         shards[-1][name] = tensor
         size += nbytes
     if len(shards) == 1:
-        st.save_file(shards[0], str(path / "model.safetensors"), metadata={"format": "pt"})
+        atomic_save(shards[0], path / "model.safetensors", metadata={"format": "pt"})
         return path
     weight_map = {}
     for i, shard in enumerate(shards):
         file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        st.save_file(shard, str(path / file), metadata={"format": "pt"})
+        atomic_save(shard, path / file, metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(shard, file))
     total = sum(t.numel() * t.element_size() for t in state.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    atomic_write_json(path / "model.safetensors.index.json", index, indent=2)
     return path
 
 
