@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from megalith_core.atomic_files import atomic_write_text
+
 
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -65,4 +67,4 @@ class Metrics:
         if not self.enabled:
             return
         self.rows = [r for r in self.rows if r.get("step", 0) <= step]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.rows))
