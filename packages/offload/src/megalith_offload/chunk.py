@@ -1,14 +1,15 @@
 """What megalith_offload needs of a chunk: megalith_zero's FlatChunk is one.
 
-Offloading never imports megalith_zero; it works on any object with these members.
-Where a chunk's state lives (its tier, parameter shards on the host or in a file, a
-master in the swap file) is the Offloader's record, not the chunk's: the chunk holds
-the tensors, the Offloader says where they are and moves them.
+Offloading never imports megalith_zero; it works on any object with these members,
+tensors and plain attributes only, and calls none of its methods. Where a chunk's
+state lives (its tier, parameter shards on the host or in a file, a master in the
+swap file) is the Offloader's record, not the chunk's: the chunk holds the tensors,
+the Offloader says where they are, moves them, and brings those in swap files into
+host memory (nvme_chunk.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Protocol
 
 import torch
@@ -34,35 +35,14 @@ class OffloadableChunk(Protocol):
     memory: StateMemory
     #: the gathered working parameters (their storage is model memory, not activations)
     full: torch.Tensor
-    #: this rank's working parameters: written by the host update
+    #: this rank's working parameters: written by the host update; a meta tensor while
+    #: they live in a swap file; the Offloader replaces it when it moves them
     shard: torch.Tensor
     shard_grad: torch.Tensor
     #: the fp32 master shard; a meta tensor while it lives in the swap file
     master: torch.Tensor
     #: optimizer states by name; on NVMe filled only around the chunk's step
     states: dict[str, torch.Tensor]
-
-    def swap_names(self, names: tuple[str, ...]) -> tuple[str, ...]:
-        """The vectors of the chunk's swap file, for optimizer states `names`."""
-        ...
-
-    def ensure_states(self, names: tuple[str, ...]) -> None:
-        """The optimizer states `names` exist (zeros until first stepped)."""
-        ...
-
-    def staged_params(self, read: bool = True) -> contextlib.AbstractContextManager[None]:
-        """Inside: a parameter shard kept in a swap file is a host tensor in `shard`."""
-        ...
-
-    def resident_params(self) -> None:
-        """A swap-file parameter shard as a host tensor in `shard` until store_params()."""
-        ...
-
-    def store_params(self, write: bool = True) -> None: ...
-
-    def replace_shard(self, shard: torch.Tensor) -> None:
-        """The working-parameter shard is now `shard` (moved between tiers)."""
-        ...
 
 
 class ChunkUpdate(Protocol):

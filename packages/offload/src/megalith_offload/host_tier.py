@@ -125,7 +125,7 @@ class HostTier:
         piece, on the host copies of its gradients and into staged working params), or
         on the device when it visits."""
         c, group, names, pieces = u.chunk, u.group, u.names, u.pieces
-        c.ensure_states(names)
+        self.offloader.ensure_states(c, names)
         rule = self.rule
         if self.visiting(c):
 

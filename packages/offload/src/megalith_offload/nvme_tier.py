@@ -38,7 +38,7 @@ class NvmeTier:
         for c in swapped_states(self.offloader, [(u.chunk, u.names) for u in updates]):
             u = work_of[id(c)]
             # a shard in a swap file is staged beside the states, written back after
-            with c.staged_params(read=not covers_shard(c, u.pieces)):
+            with self.offloader.staged_params(c, read=not covers_shard(c, u.pieces)):
                 self.host.submit(u, grad_scale)
                 self.host.stepper.wait()  # the states are loaded only inside this loop turn
 

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 import torch
 
+import megalith_comm as comm
 from megalith_core import _engine
 from megalith_core.memory import StateMemory
 
+from . import nvme_chunk
 from .chunk import OffloadableChunk
 from .config import OffloadConfig
+from .file_gather import FileGather
 from .placement import ChunkCost, Plan, plan
 from .swap import SwapStore
 from .threads import host_threads
@@ -94,12 +98,59 @@ class Offloader:
         """The host arena holding an offloaded chunk's master (and host states)."""
         return self.host if self.tier_of(key) != "device" else None
 
-    def swap_of(self, key: int) -> SwapStore | None:
-        """The swap files of a chunk whose states live on NVMe."""
-        return self.swap if self.tier_of(key) == "nvme" else None
-
     def params_off_device(self, key: int) -> bool:
         return self.params_on_host(key) or self.params_on_nvme(key)
+
+    # -- a chunk's tensors where the record puts them -------------------------------
+    def swap_names(self, key: int, names: tuple[str, ...]) -> tuple[str, ...]:
+        """The vectors of an NVMe chunk's swap file, for optimizer states `names`."""
+        return (SwapStore.MASTER, *names) if self.masters_on_nvme(key) else names
+
+    def place(self, chunk: OffloadableChunk, names: tuple[str, ...]) -> None:
+        """Puts a chunk just built into its swap files: its parameter shard
+        (param_tier="nvme") and its fp32 master (master_tier="nvme"), each then a meta
+        tensor in the chunk; `names`: its optimizer states."""
+        key = chunk.spec.index
+        if self.params_on_nvme(key):
+            nvme_chunk.put_params(self.swap.params, chunk)
+        if self.masters_on_nvme(key):
+            nvme_chunk.put_master(self.swap, chunk, self.swap_names(key, names))
+
+    def ensure_states(self, chunk: OffloadableChunk, names: tuple[str, ...]) -> None:
+        """The optimizer states `names` exist, zeros until first stepped: in the host
+        arena, in device memory for a chunk on the device, or for an NVMe chunk in its
+        swap file (`chunk.states` holds them only around its step)."""
+        key = chunk.spec.index
+        if self.tier_of(key) == "nvme":
+            in_file = self.swap_names(key, names)
+            if in_file:
+                self.swap.ensure(key, in_file, chunk.spec.shard_numel)
+            return
+        arena = self.host_of(key) or chunk.memory
+        for name in names:
+            if name not in chunk.states:
+                chunk.states[name] = arena.zeros(
+                    "optim_states", chunk.spec.shard_numel, torch.float32
+                )
+
+    def master_values(self, chunk: OffloadableChunk) -> torch.Tensor:
+        """The fp32 master; read from the swap file (a new host tensor) when it is there."""
+        if chunk.master.device.type != "meta":
+            return chunk.master
+        return nvme_chunk.master_values(self.swap, chunk)
+
+    def staged_params(
+        self, chunk: OffloadableChunk, read: bool = True
+    ) -> contextlib.AbstractContextManager[None]:
+        """Inside: a parameter shard kept in a swap file is in host staging as
+        `chunk.shard` (nvme_chunk.staged_params); other chunks: nothing to do."""
+        if not self.params_on_nvme(chunk.spec.index):
+            return contextlib.nullcontext()
+        return nvme_chunk.staged_params(self.swap.params, chunk, read)
+
+    def gather_from_file(self, chunk: OffloadableChunk, group: comm.ProcessGroup) -> FileGather:
+        """Starts the stage-3 gather of a chunk whose parameter shard is in a swap file."""
+        return FileGather(self.swap.params, chunk, group)
 
     # -- moves (automatic placement) ----------------------------------------------
     def move_to_device(self, chunk: OffloadableChunk, names: tuple[str, ...]) -> None:
@@ -146,7 +197,7 @@ class Offloader:
             return
         shard = chunk.memory.empty("params", chunk.spec.shard_numel, chunk.shard.dtype)
         shard.copy_(chunk.shard)
-        chunk.replace_shard(shard)
+        chunk.shard = shard
         self._params_on_host[self._position[key]] = False
 
     # -- accounting ---------------------------------------------------------------

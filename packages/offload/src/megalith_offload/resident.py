@@ -8,17 +8,13 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from . import nvme_chunk
 from .chunk import OffloadableChunk
 from .offloader import Offloader
 from .swap import SwapStore
 
 #: the optimizer states a chunk has (its param group's)
 StateNames = Callable[[OffloadableChunk], tuple[str, ...]]
-
-
-def master_placeholder(chunk: OffloadableChunk) -> torch.Tensor:
-    """A master kept in the swap file: its shape and dtype, no values."""
-    return torch.empty(chunk.spec.shard_numel, dtype=torch.float32, device="meta")
 
 
 def swapped_states(
@@ -30,11 +26,11 @@ def swapped_states(
     the caller's work on this one."""
     if not chunks:
         return
-    stateless = [c for c, names in chunks if not c.swap_names(names)]
-    yield from stateless
-    by_key = {c.spec.index: c for c, names in chunks if c.swap_names(names)}
+    in_file = {id(c): offloader.swap_names(c.spec.index, names) for c, names in chunks}
+    yield from [c for c, _ in chunks if not in_file[id(c)]]
+    by_key = {c.spec.index: c for c, _ in chunks if in_file[id(c)]}
     for c, names in chunks:
-        c.ensure_states(names)
+        offloader.ensure_states(c, names)
     for key, states in offloader.swap.stream(list(by_key)):
         c = by_key[key]
         placeholder = c.master
@@ -58,13 +54,13 @@ def resident_states(
     swapped = [c for c in chunks if offloader.tier_of(c.spec.index) == "nvme"]
     with_params = [c for c in swapped if offloader.params_on_nvme(c.spec.index)]
     names = {id(c): names_of(c) for c in swapped}
-    swapped = [c for c in swapped if c.swap_names(names[id(c)])]
+    in_file = {id(c): offloader.swap_names(c.spec.index, names[id(c)]) for c in swapped}
+    swapped = [c for c in swapped if in_file[id(c)]]
     files: dict[int, dict[str, torch.Tensor]] = {}  # what each chunk's file holds
     for c in swapped:
-        c.ensure_states(names[id(c)])
+        offloader.ensure_states(c, names[id(c)])
         files[id(c)] = {
-            n: torch.empty(c.spec.shard_numel, dtype=torch.float32)
-            for n in c.swap_names(names[id(c)])
+            n: torch.empty(c.spec.shard_numel, dtype=torch.float32) for n in in_file[id(c)]
         }
         offloader.swap.load(c.spec.index, files[id(c)])
         c.states = dict(files[id(c)])
@@ -73,15 +69,15 @@ def resident_states(
     clean = False
     try:
         for c in with_params:
-            c.resident_params()
+            nvme_chunk.load_params(offloader.swap.params, c)
         yield
         for c in swapped:
             offloader.swap.store(c.spec.index, files[id(c)])
         clean = True
     finally:
         for c in with_params:
-            c.store_params(write=clean)
+            nvme_chunk.store_params(offloader.swap.params, c, write=clean)
         for c in swapped:
             c.states = {}
             if offloader.masters_on_nvme(c.spec.index):
-                c.master = master_placeholder(c)
+                c.master = nvme_chunk.placeholder(c.master)

@@ -22,9 +22,9 @@ is a megalith_offload.OffloadableChunk, and moves between tiers are the Offloade
 With param_frac at stage 3 the chunk's `shard` lives in host memory
 (`params_on_host`), or, with param_tier="nvme", in a swap file of its own
 (`params_on_nvme`): `shard` is then a meta tensor (shape and dtype, no values)
-except inside staged_params() and the checkpoints' resident_states(), where it is a
-host copy read from the file; a gather reads the file into host staging first
-(_FileGather).
+except while megalith_offload holds it in host memory (its nvme_chunk.py: the step,
+the checkpoints' resident_states()); a gather reads the file through the Offloader
+(its FileGather).
 
 Model parameters are views of `full` (`param.data`), so the model computes on
 the chunk's memory directly. [Note: stage 3 storage] At stage 3 `full` is a
@@ -35,8 +35,6 @@ the gather refills the same storage.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -49,7 +47,7 @@ from .config import ZeroConfig
 from .layout import Chunk
 
 if TYPE_CHECKING:
-    from megalith_offload import Offloader, SwapStore
+    from megalith_offload import Offloader
 
 
 @dataclass(frozen=True)
@@ -88,11 +86,12 @@ class FlatChunk:
         device = memory.device
         n, s = spec.numel, spec.shard_numel
 
-        self._gather_src: torch.Tensor | None = None
-        if self.params_on_nvme:
-            self.swap.params.ensure(spec.index, s, wd)
-            self.shard = self._shard_placeholder()
-        elif self.stage == 3:
+        #: what a gather in flight reads, kept alive until release()
+        self._gather_input: object | None = None
+        # a shard of its own at stage 3; a view of `full` otherwise, and with
+        # param_tier="nvme" until the Offloader puts it in its file (place() below)
+        own_shard = self.stage == 3 and not self.params_on_nvme
+        if own_shard:
             owner = self.host if self.params_on_host else memory
             self.shard = owner.zeros("params", s, wd)
         if self.stage == 3:
@@ -103,12 +102,13 @@ class FlatChunk:
             self.is_gathered = True
         else:
             self.full = memory.zeros("params", n, wd)
+        if not own_shard:
             self.shard = self.full[self.lo : self.lo + s]
 
         # Master values come from the parameters as the user built them (fp32),
         # before they are rounded to the working dtype.
         if self.host is not None or (trainable and wd != torch.float32):
-            if self.masters_on_nvme:  # written to the file below, then dropped
+            if self.masters_on_nvme:  # the Offloader puts it in its file (place() below)
                 self.master = torch.zeros(s, dtype=torch.float32)
             else:
                 self.master = (self.host or memory).zeros("master", s, torch.float32)
@@ -117,17 +117,13 @@ class FlatChunk:
                 self.master[seg.shard_start : seg.shard_start + seg.length].copy_(
                     src[seg.param_start : seg.param_start + seg.length]
                 )
-        if self.masters_on_nvme:
-            self.swap.ensure(spec.index, self.swap_names(setup.state_names), s)
-            self.swap.store(spec.index, {self.swap.MASTER: self.master})
-            self.master = self._master_placeholder()
         with torch.no_grad():
             for slot, p in zip(spec.slots, params):
                 self.full[slot.offset : slot.offset + slot.numel].copy_(p.detach().reshape(-1))
-        if self.params_on_nvme:
-            self.swap.params.store(spec.index, self.full[self.lo : self.lo + s])
-        elif self.stage == 3:
+        if own_shard:
             self.shard.copy_(self.full[self.lo : self.lo + s])
+        if offloader is not None:
+            offloader.place(self, setup.state_names)
         if trainable and wd == torch.float32 and self.host is None:
             self.master = self.shard
         for slot, p in zip(spec.slots, params):
@@ -161,11 +157,6 @@ class FlatChunk:
         return None if self.offloader is None else self.offloader.host_of(self.spec.index)
 
     @property
-    def swap(self) -> SwapStore | None:
-        """The swap files of an NVMe chunk."""
-        return None if self.offloader is None else self.offloader.swap_of(self.spec.index)
-
-    @property
     def masters_on_nvme(self) -> bool:
         """The fp32 master lives in the states' swap file (master_tier="nvme"): `master`
         is a meta tensor except around the chunk's step and in the checkpoints."""
@@ -181,12 +172,17 @@ class FlatChunk:
         """Stage 3 with param_tier="nvme": the shard lives in a swap file of its own."""
         return self.offloader is not None and self.offloader.params_on_nvme(self.spec.index)
 
-    def replace_shard(self, shard: torch.Tensor) -> None:
-        """The working-parameter shard is now `shard` (the Offloader moved it)."""
-        self.shard = shard
-        # Moves happen after a step, when no gather is in flight: a chunk still gathered
-        # keeps the old shard's device copy as its gather source, which need not live on.
-        self._gather_src = None
+    @property
+    def shard(self) -> torch.Tensor:
+        return self._shard
+
+    @shard.setter
+    def shard(self, shard: torch.Tensor) -> None:
+        self._shard = shard
+        # What a gather read from the old shard need not live on: the Offloader moves a
+        # shard only after a step, when no gather is in flight, and stages a shard kept
+        # in a file only beside a gather that holds its own input (FileGather.source).
+        self._gather_input = None
 
     # -- stage 3: gather and release ----------------------------------------
     def gather(self, group: comm.ProcessGroup) -> comm.Handle | None:
@@ -197,50 +193,19 @@ class FlatChunk:
         self.memory.gathered.add(self._full_bytes)
         self.is_gathered = True
         if self.params_on_nvme:
-            return _FileGather(self, group)
+            gather = self._gather_input = self.offloader.gather_from_file(self, group)
+            return gather
         src = self.shard
         if src.device != self.full.device:  # offloaded: up first, on the caller's stream
-            src = self._gather_src = src.to(self.full.device, non_blocking=True)
+            src = self._gather_input = src.to(self.full.device, non_blocking=True)
         return comm.all_gather(self.full, src, group=group, async_op=True)
 
     def release(self) -> None:
-        self._gather_src = None
+        self._gather_input = None
         if self.stage == 3 and self.is_gathered:
             self._storage.resize_(0)
             self.memory.gathered.add(-self._full_bytes)
             self.is_gathered = False
-
-    # -- parameters in a swap file (param_tier="nvme") ---------------------------
-    def _shard_placeholder(self) -> torch.Tensor:
-        """The shard's shape and dtype without values: they are in the swap file."""
-        return torch.empty(self.spec.shard_numel, dtype=self.param_dtype, device="meta")
-
-    @contextlib.contextmanager
-    def staged_params(self, read: bool = True) -> Iterator[None]:
-        """Inside: a swap-file shard is in host staging as `shard` (read=False: not read,
-        for an update that overwrites all of it), written back to its file on a clean
-        exit. Other chunks: nothing to do."""
-        if not self.params_on_nvme:
-            yield
-            return
-        try:
-            with self.swap.params.staged(self.spec.index, read) as view:
-                self.shard = view
-                yield
-        finally:
-            self.shard = self._shard_placeholder()
-
-    def resident_params(self) -> None:
-        """A swap-file shard as a host tensor in `shard` until store_params() (checkpoints)."""
-        if self.params_on_nvme:
-            self.shard = self.swap.params.load(self.spec.index)
-
-    def store_params(self, write: bool = True) -> None:
-        """Ends resident_params(): writes `shard` back to its file (unless write=False)."""
-        if self.params_on_nvme and self.shard.device.type != "meta":
-            if write:
-                self.swap.params.store(self.spec.index, self.shard)
-            self.shard = self._shard_placeholder()
 
     # -- gradients ------------------------------------------------------------
     def add_grad(self, index: int, grad: torch.Tensor) -> None:
@@ -315,30 +280,19 @@ class FlatChunk:
             self.full_grad = None
 
     # -- optimizer --------------------------------------------------------------
-    def swap_names(self, names: tuple[str, ...]) -> tuple[str, ...]:
-        """The vectors of this chunk's swap file, for optimizer states `names`."""
-        return (self.swap.MASTER, *names) if self.masters_on_nvme else names
-
-    def _master_placeholder(self) -> torch.Tensor:
-        return torch.empty(self.spec.shard_numel, dtype=torch.float32, device="meta")
-
     def master_values(self) -> torch.Tensor:
         """The fp32 master; read from the swap file (a new host tensor) when it is there."""
-        if self.master.device.type != "meta":
-            return self.master
-        out = torch.empty(self.spec.shard_numel, dtype=torch.float32)
-        self.swap.load(self.spec.index, {self.swap.MASTER: out})
-        return out
+        return self.master if self.offloader is None else self.offloader.master_values(self)
 
     def ensure_states(self, names: tuple[str, ...]) -> None:
-        if self.swap is not None:  # on NVMe: `states` holds them only around a step
-            if self.swap_names(names):
-                self.swap.ensure(self.spec.index, self.swap_names(names), self.spec.shard_numel)
+        """The optimizer states `names` exist (zeros until first stepped); an offloaded
+        chunk's where the Offloader puts them."""
+        if self.offloader is not None:
+            self.offloader.ensure_states(self, names)
             return
         for name in names:
             if name not in self.states:
-                alloc = self.host or self.memory
-                self.states[name] = alloc.zeros(
+                self.states[name] = self.memory.zeros(
                     "optim_states", self.spec.shard_numel, torch.float32
                 )
 
@@ -368,43 +322,3 @@ class FlatChunk:
             else:
                 pieces.append((step, slice(a, b), [i]))
         return pieces
-
-
-class _FileGather:
-    """A stage-3 gather of a shard kept in a swap file: the file read starts now (so a
-    prefetch overlaps it with the running module), the all-gather once the gather is
-    waited for, or its staging buffer is needed again ([Note: parameter files] in
-    megalith_offload/swap.py); both at the same point of the program on every rank,
-    so every rank issues the gather group's collectives in the same order."""
-
-    def __init__(self, chunk: FlatChunk, group: comm.ProcessGroup):
-        self.chunk, self.group = chunk, group
-        device = chunk.full.device
-        # the caller's stream (stage 3's gather stream), for the copy up and the all-gather
-        self.stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-        self.read = chunk.swap.params.start_read(chunk.spec.index, holder=self.wait)
-        self.handle: comm.Handle | None = None
-        self.done = False
-
-    def _start_all_gather(self) -> None:
-        if self.handle is not None:
-            return
-        src = self.read.wait()
-        if self.stream is None:  # CPU ranks: the all-gather reads the staging buffer itself
-            self.handle = comm.all_gather(self.chunk.full, src, group=self.group, async_op=True)
-            return
-        with torch.cuda.stream(self.stream):
-            src = self.chunk._gather_src = src.to(self.chunk.full.device, non_blocking=True)
-            copied = torch.cuda.Event()
-            copied.record(self.stream)
-            self.handle = comm.all_gather(self.chunk.full, src, group=self.group, async_op=True)
-        self.read.release(copied)  # the buffer is free once the copy up is done
-
-    def wait(self) -> None:
-        if self.done:
-            return
-        self._start_all_gather()
-        self.handle.wait()
-        self.done = True
-        if self.stream is None:
-            self.read.release()
