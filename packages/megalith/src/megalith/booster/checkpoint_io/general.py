@@ -4,10 +4,16 @@ Every rank holds the whole model and every optimizer state, so rank 0 writes the
 as they are and every rank reads all of them back. It needs megalith_core's file
 format only: saving a DDP model needs no megalith-zero. Subclasses change how a
 tensor becomes a full one and back (StateLayout) and which tensors a rank holds.
+
+It also works on its own, as ColossalAI's GeneralCheckpointIO does: on a plain
+torch.nn.Module and torch.optim.Optimizer, with no Booster and no process group. A
+plain optimizer knows no parameter names, so its states are keyed by the parameter's
+index in its param groups ("0::exp_avg"), as torch's own optimizer state_dict is.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +22,17 @@ from typing import Any
 import torch
 
 from megalith_core.optim.rules import rule_for
-from megalith_core.optimizer_files import SEP, read_meta, state_key, write_meta
+from megalith_core.optimizer_files import (
+    SEP,
+    hyperparameters,
+    read_meta,
+    state_key,
+    write_meta,
+)
 from megalith_core.safetensors_files import StreamedFiles, TensorReader, write_tensors
 
-from .base import CheckpointIO, is_writer
+from . import async_writes
+from .base import CheckpointIO, Writer, is_writer
 
 
 def named_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -31,11 +44,23 @@ def named_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def optimizer_kind(optim: torch.optim.Optimizer) -> str:
-    """The kind of states an optimizer holds (megalith_core.optim.rules)."""
+    """The kind of states an optimizer holds (megalith_core.optim.rules), or for a class
+    megalith has no rule for, its name (its states are saved as they are)."""
     try:
         return rule_for(optim).kind
-    except ValueError as exc:
-        raise ValueError(f"saving {type(optim).__name__}: {exc}") from None
+    except ValueError:
+        return type(optim).__name__
+
+
+def _step_kind(state: dict[str, Any]) -> str:
+    if "step" not in state:
+        return "none"
+    return "tensor" if torch.is_tensor(state["step"]) else "number"
+
+
+def inner_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer of a boosted one (a plain one is itself)."""
+    return getattr(optimizer, "optim", optimizer)
 
 
 class WholeStates:
@@ -65,6 +90,9 @@ class OptimizerFiles:
     groups: list[dict[str, Any]]
     loss_scale: dict[str, Any] | None
     grad_scaler: dict[str, Any] | None
+    #: how torch keeps a state's "step": "tensor" (Adam), "number", "none" (SGD); None:
+    #: not known (ZeRO's files), a tensor beside exp_avg
+    step_kind: str | None = None
 
 
 class GeneralCheckpointIO(CheckpointIO):
@@ -80,6 +108,11 @@ class GeneralCheckpointIO(CheckpointIO):
     def write_model(self, model: Any, directory: Path, max_shard_bytes: int) -> None:
         tensors = {k: v.cpu() for k, v in self.model_tensors(model).items()}
         write_tensors(directory, "model", tensors, max_shard_bytes, write=is_writer())
+
+    def capture_model(self, model: Any) -> Writer | None:
+        tensors = {k: async_writes.snapshot(v) for k, v in self.model_tensors(model).items()}
+        writer = is_writer()
+        return lambda directory, cap: write_tensors(directory, "model", tensors, cap, writer)
 
     def read_model(self, model: Any, directory: Path, strict: bool) -> None:
         want = named_tensors(self.whole_module(model))
@@ -104,26 +137,33 @@ class GeneralCheckpointIO(CheckpointIO):
 
     # -- optimizer ------------------------------------------------------------
     def model_of(self, optimizer: Any) -> Any:
-        """The boosted model an optimizer steps."""
-        return optimizer.model
+        """The boosted model an optimizer steps (None for a plain torch optimizer)."""
+        return getattr(optimizer, "model", None)
 
     def state_layout(self, model: Any) -> WholeStates:
         return WholeStates()
 
-    def param_names(self, model: Any) -> dict[int, str]:
-        """Parameter names (a tied one under its first name) in the model as given to boost()."""
+    def param_names(self, model: Any, optim: torch.optim.Optimizer) -> dict[int, str]:
+        """Parameter names (a tied one under its first name) in the model as given to boost();
+        without a model, each parameter's index in the optimizer's param groups."""
+        if model is None:
+            params = [p for g in optim.param_groups for p in g["params"]]
+            return {id(p): str(i) for i, p in enumerate(params)}
         return {id(p): n for n, p in self.whole_module(model).named_parameters()}
 
     def optimizer_files(self, optimizer: Any) -> OptimizerFiles:
-        optim, model = optimizer.optim, self.model_of(optimizer)
+        optim, model = inner_optimizer(optimizer), self.model_of(optimizer)
         layout = self.state_layout(model)
-        names = self.param_names(model)
+        names = self.param_names(model, optim)
         params, plan, work = {}, [], []
+        step_kind: str | None = None
         for gi, g in enumerate(optim.param_groups):
             for p in g["params"]:
                 state = optim.state.get(p, {})
                 step = int(state["step"]) if "step" in state else (1 if state else 0)
                 params[names[id(p)]] = {"group": gi, "step": step}
+                if state and step_kind is None:  # restored as it was (optimizer.json)
+                    step_kind = _step_kind(state)
                 for k, v in state.items():
                     if k != "step" and torch.is_tensor(v):
                         key = state_key(names[id(p)], k)
@@ -145,35 +185,37 @@ class GeneralCheckpointIO(CheckpointIO):
             groups=optim.param_groups,
             loss_scale=loss_scale,
             grad_scaler=dict(scaler.state_dict()) if scaler else None,
+            step_kind=step_kind,
         )
 
     def write_optimizer(self, optimizer: Any, directory: Path, max_shard_bytes: int) -> None:
+        write_optimizer_files(self.optimizer_files(optimizer), directory, max_shard_bytes)
+
+    def capture_optimizer(self, optimizer: Any) -> Writer | None:
         files = self.optimizer_files(optimizer)
-        rank0 = is_writer()
-        out = StreamedFiles(directory, "optimizer", files.plan, max_shard_bytes, write=rank0)
-        for key, t in files.tensors:
-            out.add(key, t)
-        out.finish()
-        if rank0:
-            write_meta(
-                directory,
-                files.kind,
-                files.groups,
-                files.params,
-                files.loss_scale,
-                grad_scaler=files.grad_scaler,
-            )
+        tensors = [(k, async_writes.snapshot(t)) for k, t in files.tensors]  # collective
+        files = OptimizerFiles(
+            plan=files.plan,
+            params=copy.deepcopy(files.params),
+            tensors=iter(tensors),
+            kind=files.kind,
+            groups=hyperparameters(files.groups),
+            loss_scale=copy.deepcopy(files.loss_scale),
+            grad_scaler=copy.deepcopy(files.grad_scaler),
+            step_kind=files.step_kind,
+        )
+        return lambda directory, cap: write_optimizer_files(files, directory, cap)
 
     def read_optimizer(self, optimizer: Any, directory: Path) -> None:
         meta = read_meta(directory)
-        optim, model = optimizer.optim, self.model_of(optimizer)
+        optim, model = inner_optimizer(optimizer), self.model_of(optimizer)
         if meta["kind"] != optimizer_kind(optim):
             raise ValueError(
                 f"{directory} holds {meta['kind']} states but the optimizer is "
                 f"{type(optim).__name__}; build the same kind of optimizer as the one that saved it"
             )
         layout = self.state_layout(model)
-        names = self.param_names(model)
+        names = self.param_names(model, optim)
         state: dict[int, dict[str, Any]] = {}
         groups = []
         index = 0
@@ -190,8 +232,11 @@ class GeneralCheckpointIO(CheckpointIO):
                         if k.startswith(name + SEP)
                     }
                     if entry or saved["step"]:
-                        if "exp_avg" in entry:
+                        kind = meta.get("step_kind") or ("tensor" if "exp_avg" in entry else "none")
+                        if kind == "tensor":
                             entry["step"] = torch.tensor(float(saved["step"]))
+                        elif kind == "number":
+                            entry["step"] = saved["step"]
                         state[index] = entry
                     ids.append(index)
                     index += 1
@@ -208,3 +253,23 @@ class GeneralCheckpointIO(CheckpointIO):
         loss_scaler = getattr(optimizer, "loss_scaler", None)
         if loss_scaler is not None and meta.get("loss_scale"):
             loss_scaler.load_state_dict(meta["loss_scale"])
+
+
+def write_optimizer_files(files: OptimizerFiles, directory: Path, max_shard_bytes: int) -> None:
+    """The states as StreamedFiles, then optimizer.json (rank 0 writes; the others take
+    part in the gathers `files.tensors` makes)."""
+    rank0 = is_writer()
+    out = StreamedFiles(directory, "optimizer", files.plan, max_shard_bytes, write=rank0)
+    for key, t in files.tensors:
+        out.add(key, t)
+    out.finish()
+    if rank0:
+        write_meta(
+            directory,
+            files.kind,
+            files.groups,
+            files.params,
+            files.loss_scale,
+            grad_scaler=files.grad_scaler,
+            step_kind=files.step_kind,
+        )

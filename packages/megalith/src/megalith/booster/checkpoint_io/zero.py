@@ -50,3 +50,17 @@ class ZeroCheckpointIO(CheckpointIO):
         """With the loss scale: megalith_zero's load_full_optimizer reads it."""
         zopt = optimizer.optim
         _zero().load_full_optimizer(zopt.model, zopt, directory, layout=self.layout(zopt.model))
+
+
+class LowLevelZeroCheckpointIO(ZeroCheckpointIO):
+    """ColossalAI's name for LowLevelZeroPlugin's I/O: ZeroCheckpointIO over whole tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+
+class GeminiCheckpointIO(ZeroCheckpointIO):
+    """ColossalAI's name for GeminiPlugin's I/O: ZeroCheckpointIO over whole tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
