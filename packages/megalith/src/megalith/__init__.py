@@ -16,11 +16,38 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "build_info", "get_cmake_dir", "get_include", "launch_from_torch"]
+__all__ = [
+    "__version__",
+    "build_info",
+    "get_cmake_dir",
+    "get_default_parser",
+    "get_include",
+    "launch",
+    "launch_from_openmpi",
+    "launch_from_slurm",
+    "launch_from_torch",
+]
 
 # Submodules reachable as attributes (megalith.optim) without importing them in
 # `import megalith`.
-_LAZY_SUBMODULES = ("optim", "booster", "models")
+_LAZY_SUBMODULES = (
+    "optim",
+    "booster",
+    "models",
+    "accelerator",
+    "cluster",
+    "interface",
+    "logging",
+    "utils",
+)
+# ColossalAI's entry points (colossalai.launch, ...), from megalith.initialize on first use.
+_ENTRY_POINTS = (
+    "launch",
+    "launch_from_torch",
+    "launch_from_slurm",
+    "launch_from_openmpi",
+    "get_default_parser",
+)
 
 
 def build_info() -> dict[str, str]:
@@ -47,10 +74,12 @@ def get_include() -> str:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "launch_from_torch":  # colossalai.launch_from_torch's place
-        from .booster import launch_from_torch
+    if name in _ENTRY_POINTS:
+        from . import initialize
 
-        return launch_from_torch
+        value = getattr(initialize, name)
+        globals()[name] = value
+        return value
     if name in _LAZY_SUBMODULES:
         module = importlib.import_module(f"{__name__}.{name}")
         globals()[name] = module
@@ -59,4 +88,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY_SUBMODULES])
+    return sorted({*globals(), *_LAZY_SUBMODULES, *_ENTRY_POINTS})
