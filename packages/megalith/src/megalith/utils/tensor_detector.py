@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import warnings
 
 import torch
 
@@ -66,13 +67,15 @@ class TensorDetector:
 
     def _alive(self) -> dict[int, tuple[str, ...]]:
         out = {}
-        for obj in gc.get_objects():
-            try:
-                is_tensor = torch.is_tensor(obj)
-            except Exception:  # objects whose type check fails (lazy proxies)
-                continue
-            if is_tensor and (self.include_cpu or obj.device.type != "cpu"):
-                out[id(obj)] = self._row(obj)
+        with warnings.catch_warnings():  # asking deprecated objects their type warns
+            warnings.simplefilter("ignore")
+            for obj in gc.get_objects():
+                try:
+                    is_tensor = torch.is_tensor(obj)
+                except Exception:  # objects whose type check fails (lazy proxies)
+                    continue
+                if is_tensor and (self.include_cpu or obj.device.type != "cpu"):
+                    out[id(obj)] = self._row(obj)
         return out
 
     def detect(self, include_cpu: bool = False) -> None:
