@@ -28,6 +28,7 @@ from .policies import (
     Policy,
     ShardContext,
     TPInfo,
+    install_parallel_loss,
     policy_for,
     shard_model,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "full_state_dict",
     "gather_from_region",
     "gather_full",
+    "install_parallel_loss",
     "load_full_state_dict",
     "materialize_sharded",
     "policy_for",

@@ -6,7 +6,10 @@ any divisor of the world size, pp_size >= 1 (pp_style "1f1b", "interleaved",
 reduce-scatters once per step, after the last micro-batch), precision fp32, bf16
 or fp16, enable_sequence_parallelism with sequence_parallelism_mode="split_gather"
 (over the tp group) or "all_to_all" (Ulysses over an sp axis of its own, sp_size
->= 2, beside any tp_size; megalith.models only), custom_policy, gradient_checkpoint_config (checkpointing.py:
+>= 2, beside any tp_size; megalith.models only), custom_policy (and the task heads of transformers' GPT-2, Llama, BERT and T5 models, for tp
+and for pp: tensor_parallel/policies), parallel_output (True, ColossalAI's default: a causal
+LM's logits stay vocabulary-parallel and its loss is computed on the shards; False: full
+logits on every tp rank), gradient_checkpoint_config (checkpointing.py:
 True, a ratio, or ColossalAI's GradientCheckpointConfig(gradient_checkpointing_ratio)),
 cpu_offload (with zero_stage 1 or 2: fp32 masters and optimizer states in host memory,
 stepped there by the engine's CPU kernel). Other values fail at construction with
@@ -52,49 +55,56 @@ time (see checkpoint_io/hybrid.py and tp_layout.py); they load under any tp size
 plugin. With pp_size > 1 the files are the same: rank 0 collects the stages over pp
 (checkpoint_io/pipeline_stages.py), a weight tied across stages written once, so a pipelined run
 resumes under another tp x pp x dp layout, without a pipeline, or under DDP.
+
+ColossalAI's attributes: stage_manager, pg_mesh, dp_group / tp_group / pp_group / sp_group
+(torch.distributed groups; hybrid_mesh.py), dp_size ... sp_size, shard_config. Every
+ColossalAI argument is accepted; hybrid_args.py says which are honoured, which only tune
+speed and which are refused. The boosted optimizer: hybrid_optimizer.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from megalith.strategy import Parallel, Strategy, colossal_loss_scale
 
-from ..wrappers import ModelWrapper, OptimizerWrapper
+from ..wrappers import ModelWrapper
 from .base import StrategyPlugin, check_precision, require, world
 from .checkpointing import apply_checkpointing, checkpoint_config
-from .hybrid_pipeline import PipelineModel, PipelineSettings
+from .hybrid_args import (
+    SPEED_ONLY,
+    check_communication_dtype,
+    check_speed_only,
+    refuse_fp8,
+    sequence_settings,
+)
+from .hybrid_mesh import PipelineStageManager, ProcessGroupMesh, singleton_groups
+from .hybrid_optimizer import HybridOptimizer, PipelineOptimizer, tp_grad_norm_sq
+from .hybrid_pipeline import PipelineModel, PipelineSettings, stage_balance
+from .pp_plugin_base import PipelinePluginBase
 
 if TYPE_CHECKING:
     from ..checkpoint_io import CheckpointIO
-
-# ColossalAI's switches that only choose faster kernels or overlap; megalith does each
-# where it can without being asked (SDPA picks flash attention, collectives overlap
-# backward, p2p shapes are cached), so scripts that pass them run unchanged.
-SPEED_HINTS = frozenset(
-    {
-        "enable_fused_normalization", "enable_flash_attention", "enable_jit_fused",
-        "enable_sequence_overlap", "overlap_communication", "overlap_p2p",
-        "overlap_allgather", "enable_metadata_cache", "zero_bucket_size_in_m",
-        "ddp_bucket_cap_mb",
-    }
-)  # fmt: skip
 
 _DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class HybridModel(ModelWrapper):
-    def __init__(self, module: torch.nn.Module, precision: str, mesh: Any) -> None:
+    def __init__(
+        self, module: torch.nn.Module, precision: str, mesh: Any, broadcast_buffers: bool = False
+    ) -> None:
         super().__init__(module)
         self.precision = precision
         self.mesh = mesh
+        self.broadcast_buffers = broadcast_buffers
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.broadcast_buffers and self.module.training:  # as DDP: dp rank 0's buffers
+            _broadcast(self.module.buffers(), self.mesh.group("dp"))
         if self.precision == "fp32":
             return self.module(*args, **kwargs)
         device = next(self.module.parameters()).device.type
@@ -102,182 +112,46 @@ class HybridModel(ModelWrapper):
             return self.module(*args, **kwargs)
 
 
-def tp_grad_norm_sq(params: list[torch.nn.Parameter], tp_group: Any) -> torch.Tensor:
-    """The squared L2 norm (float64) of the gradient of the whole (unsharded) model these
-    parameters are part of: shards summed over the tensor-parallel group, replicated
-    parameters counted once."""
-    import megalith_comm as comm
+@dataclass(frozen=True)
+class ShardConfig:
+    """ColossalAI's shard_config, as far as megalith has its settings."""
 
-    sharded = torch.zeros((), dtype=torch.float64)
-    replicated = torch.zeros((), dtype=torch.float64)
-    for p in params:
-        if p.grad is None:
-            continue
-        sq = p.grad.detach().double().pow(2).sum().cpu()
-        if hasattr(p, "tp_spec"):
-            sharded += sq
-        else:
-            replicated += sq
-    comm.all_reduce(sharded, group=tp_group)
-    return sharded + replicated
-
-
-class HybridOptimizer(OptimizerWrapper):
-    """zero_stage 0: backward, then the dp all-reduce (skipped inside no_sync).
-
-    fp16 (scaler given): backward scales the loss; before clipping or stepping the
-    gradients are checked for inf/nan, the flag all-reduced over every rank of the mesh,
-    and either every rank skips the step (the scale backs off) or every rank unscales
-    and steps."""
-
-    def __init__(
-        self,
-        optim: torch.optim.Optimizer,
-        model: HybridModel,
-        max_norm: float,
-        scaler: Any = None,
-    ):
-        super().__init__(optim)
-        self.model = model
-        self.max_norm = max_norm
-        # megalith_zero's DynamicLossScaler, fp16 only (not `scaler`: checkpoint_io reads
-        # that name as a torch GradScaler)
-        self.loss_scaler = scaler
-        self.skipped_steps = 0
-        self._found_inf: bool | None = None  # None: gradients not yet checked and unscaled
-        self._sync = True
-        self._clipped = False
+    tensor_parallel_process_group: Any
+    sequence_parallel_process_group: Any
+    pipeline_stage_manager: Any
+    enable_tensor_parallelism: bool
+    enable_sequence_parallelism: bool
+    sequence_parallelism_mode: str | None
+    parallel_output: bool
+    gradient_checkpoint_config: Any
 
     @property
-    def loss_scale(self) -> float:
-        return self.loss_scaler.scale if self.loss_scaler is not None else 1.0
+    def tensor_parallel_size(self) -> int:
+        import torch.distributed as dist
 
-    def _unscale(self) -> bool:
-        """fp16, once per step: divides the gradients by the loss scale and says whether
-        any rank's held an inf/nan (then step() skips everywhere and they are dropped).
-        One fused check-and-unscale per device and dtype (GradScaler's kernel), one
-        all-reduce of the flag over the whole mesh."""
-        import megalith_comm as comm
-
-        if self.loss_scaler is None:
-            return False
-        if self._found_inf is None:
-            by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-            for p in self._params():
-                if p.grad is not None:
-                    by_kind.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
-            device = next(iter(by_kind))[0] if by_kind else torch.device("cpu")
-            flag = torch.zeros(1, device=device)
-            for (dev, _), grads in by_kind.items():
-                found = torch.zeros(1, device=dev)
-                inv = torch.full((1,), 1.0 / self.loss_scaler.scale, device=dev)
-                torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
-                flag += found.to(device)
-            mesh = self.model.mesh
-            comm.all_reduce(flag, op="sum", group=mesh.group(mesh.names))
-            self._found_inf = bool(flag.item() > 0)
-        return self._found_inf
-
-    def _params(self) -> list[torch.nn.Parameter]:
-        return [p for g in self.optim.param_groups for p in g["params"]]
-
-    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        import megalith_comm as comm
-
-        if self.loss_scaler is not None:
-            loss = loss * self.loss_scaler.scale
-        loss.backward(*args, **kwargs)
-        dp = self.model.mesh.group("dp")
-        if self._sync and dp.size > 1:
-            grads = [p.grad for p in self._params() if p.grad is not None]
-            comm.all_reduce_coalesced(grads, op="avg", group=dp)
-
-    def clip_grad_by_norm(self, max_norm: float, norm_type: float = 2.0) -> float:
-        if norm_type != 2.0:
-            raise ValueError(f"HybridParallelPlugin clips by the L2 norm only, not {norm_type}")
-        self._clipped = True
-        if self._unscale():  # fp16 overflow somewhere: step() skips on every rank
-            return float("inf")
-        params = self._params()
-        norm = self._grad_norm(params)
-        coef = max_norm / (norm + 1e-6)
-        if coef < 1.0:
-            for p in params:
-                if p.grad is not None:
-                    p.grad.mul_(coef)
-        return norm
-
-    def _grad_norm(self, params: list[torch.nn.Parameter]) -> float:
-        return math.sqrt(float(tp_grad_norm_sq(params, self.model.mesh.group("tp"))))
-
-    def step(self, *args: Any, **kwargs: Any) -> Any:
-        if self.loss_scaler is not None:
-            bad = self._unscale()
-            self.loss_scaler.update(bad)  # every rank the same flag, so the same scale
-            if bad:
-                self.skipped_steps += 1
-                self._found_inf, self._clipped = None, False
-                return None
-        if self.max_norm > 0 and not self._clipped:
-            self.clip_grad_by_norm(self.max_norm)
-        self._clipped = False
-        self._found_inf = None
-        return self.optim.step(*args, **kwargs)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self._found_inf = None
-        self.optim.zero_grad(set_to_none=set_to_none)
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Gradients accumulate locally; the next backward outside averages the sum."""
-        self._sync = False
-        try:
-            yield
-        finally:
-            self._sync = True
+        return dist.get_world_size(self.tensor_parallel_process_group)
 
 
-class PipelineOptimizer(HybridOptimizer):
-    """pp_size > 1: the pipeline runs backward (execute_pipeline) and averages over dp;
-    clipping spans tp shards and stages."""
-
-    @property
-    def pipeline_model(self) -> PipelineModel:
-        """checkpoint_io: the stages' whole model names their optimizer states."""
-        return self.model
-
-    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        raise RuntimeError(
-            "HybridParallelPlugin with pp_size > 1: backward runs inside "
-            "booster.execute_pipeline(data_iter, model, criterion, optimizer)"
-        )
-
-    def _grad_norm(self, params: list[torch.nn.Parameter]) -> float:
-        """Over tp shards and over the stages; a weight tied across stages counted once."""
-        import megalith_comm as comm
-
-        skip = {id(p) for p in self.model.pipe.tied.secondary_copies()}
-        mine = [p for p in params if id(p) not in skip]
-        total = tp_grad_norm_sq(mine, self.model.mesh.group("tp")).reshape(1)
-        comm.all_reduce(total, group=self.model.mesh.group("pp"))
-        return math.sqrt(float(total))
-
-
-class HybridParallelPlugin(StrategyPlugin):
+class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
     runs = ("hybrid",)
 
     def __init__(
         self,
         tp_size: int,
         pp_size: int = 1,
+        sp_size: int | None = None,
         precision: str = "fp32",
         zero_stage: int = 0,
+        enable_all_optimization: bool = False,
+        enable_fused_normalization: bool = False,
+        enable_flash_attention: bool = False,
+        enable_jit_fused: bool = False,
         enable_sequence_parallelism: bool = False,
         sequence_parallelism_mode: str | None = None,
-        sp_size: int | None = None,
-        custom_policy: Any = None,
-        max_norm: float = 0.0,
+        enable_sequence_overlap: bool = False,
+        parallel_output: bool = True,
+        num_microbatches: int | None = None,
+        microbatch_size: int | None = None,
         initial_scale: float = 2**16,
         min_scale: float = 1,
         growth_factor: float = 2,
@@ -285,50 +159,54 @@ class HybridParallelPlugin(StrategyPlugin):
         growth_interval: int = 1000,
         hysteresis: int = 2,
         max_scale: float = 2**32,
-        num_microbatches: int | None = None,
-        microbatch_size: int | None = None,
+        max_norm: float = 0.0,
+        broadcast_buffers: bool = True,
+        ddp_bucket_cap_mb: int = 25,
+        find_unused_parameters: bool = False,
+        check_reduction: bool = False,
+        gradient_as_bucket_view: bool = False,
+        static_graph: bool = False,
+        zero_bucket_size_in_m: int = 12,
+        cpu_offload: bool = False,
+        communication_dtype: torch.dtype | None = None,
+        overlap_communication: bool = True,
+        custom_policy: Any = None,
         pp_style: str = "1f1b",
         num_model_chunks: int = 1,
-        enable_all_optimization: bool = False,
+        scheduler_nodes: list | None = None,
+        num_layers_per_stage: list[int] | None = None,
         gradient_checkpoint_config: Any = None,
-        cpu_offload: bool = False,
-        **unsupported: Any,
+        enable_metadata_cache: bool = True,
+        make_vocab_size_divisible_by: int = 64,
+        dp_outside: bool = True,
+        overlap_p2p: bool = True,
+        overlap_allgather: bool = False,
+        fp8_communication: bool = False,
+        use_fp8: bool = False,
+        inner_ring_size: int | None = None,
     ) -> None:
+        """ColossalAI's arguments (hybrid_args.py has the table of what each does here).
+        precision defaults to fp32 (ColossalAI: fp16)."""
         if not isinstance(tp_size, int) or tp_size < 1:
             raise ValueError(f"HybridParallelPlugin: tp_size must be an int >= 1, got {tp_size!r}")
+        speed = {k: v for k, v in locals().items() if k in SPEED_ONLY}
+        check_speed_only(speed)
+        refuse_fp8(fp8_communication, use_fp8)
         PipelineSettings.check(
             pp_size, pp_style, num_model_chunks, num_microbatches, microbatch_size
         )
-        if pp_size > 1 and sequence_parallelism_mode == "all_to_all":
+        seq = sequence_settings(
+            enable_sequence_parallelism, sequence_parallelism_mode, sp_size, tp_size
+        )
+        if pp_size > 1 and seq.mode == "all_to_all":
             raise NotImplementedError(
                 "HybridParallelPlugin: all_to_all sequence parallelism with pp_size > 1 is not "
-                "built yet; use sequence_parallelism_mode='split_gather'"
+                "built yet; use sequence_parallelism_mode='split_gather' (with tp_size > 1)"
             )
         if zero_stage not in (0, 1, 2):
             raise ValueError(
                 f"HybridParallelPlugin: zero_stage={zero_stage}; 0, 1 or 2 (stage 3 with "
                 "tensor parallelism is not built yet: GeminiPlugin runs stage 3 without tp)"
-            )
-        mode = (
-            (sequence_parallelism_mode or "split_gather") if enable_sequence_parallelism else None
-        )
-        if mode not in (None, "split_gather", "all_to_all"):
-            raise NotImplementedError(
-                f"HybridParallelPlugin: sequence_parallelism_mode={mode!r}; built: "
-                "'split_gather' (Megatron style, over the tp group) and 'all_to_all' (Ulysses)"
-            )
-        sp = 1
-        if mode == "all_to_all":
-            if not sp_size or sp_size < 2:
-                raise ValueError(
-                    f"HybridParallelPlugin: all_to_all with sp_size={sp_size}; give the sequence "
-                    "axis's size, sp_size >= 2 (it runs beside tp_size: world = dp x sp x tp)"
-                )
-            sp = sp_size
-        elif sp_size not in (None, 1) and sp_size != tp_size:
-            raise NotImplementedError(
-                f"HybridParallelPlugin: sp_size={sp_size}; split_gather runs over the tp group "
-                "(sp_size is for sequence_parallelism_mode='all_to_all')"
             )
         if cpu_offload and zero_stage not in (1, 2):
             raise ValueError(
@@ -336,15 +214,17 @@ class HybridParallelPlugin(StrategyPlugin):
                 "cpu_offload moves ZeRO's fp32 masters and optimizer states to host memory: "
                 "set zero_stage=1 or 2"
             )
+        self._default_options()
+        self.communication_dtype = check_communication_dtype(
+            communication_dtype, zero_stage, pp_size
+        )
         self.checkpointing = checkpoint_config(gradient_checkpoint_config)
-        unsupported = {k: v for k, v in unsupported.items() if k not in SPEED_HINTS}
-        if unsupported:
-            raise NotImplementedError(
-                f"HybridParallelPlugin: {sorted(unsupported)} not supported yet (accepted "
-                f"and already in effect: {', '.join(sorted(SPEED_HINTS))})"
-            )
+        self.gradient_checkpoint_config = gradient_checkpoint_config
         self.custom_policy = custom_policy
-        self.mesh: Any = None
+        self.parallel_output = bool(parallel_output)
+        self.broadcast_buffers = bool(broadcast_buffers)
+        self.num_layers_per_stage = list(num_layers_per_stage) if num_layers_per_stage else None
+        self.enable_sequence_parallelism = enable_sequence_parallelism
         offload = None
         if cpu_offload:
             mo = require(
@@ -352,7 +232,7 @@ class HybridParallelPlugin(StrategyPlugin):
             )
             offload = mo.OffloadConfig(tier="host", optim_frac=1.0)
         parallel = Parallel(
-            tp=tp_size, pp=pp_size, sp=sp, sequence_parallelism=mode, pp_style=pp_style,
+            tp=tp_size, pp=pp_size, sp=seq.sp, sequence_parallelism=seq.mode, pp_style=pp_style,
             num_model_chunks=num_model_chunks, num_microbatches=num_microbatches,
             microbatch_size=microbatch_size,
         )  # fmt: skip
@@ -375,11 +255,120 @@ class HybridParallelPlugin(StrategyPlugin):
                 max_norm=max_norm,
             )
         )
+        import megalith_comm as comm
+
+        if comm.is_initialized():  # ColossalAI makes its groups here; megalith too when it can
+            self._build_mesh()
 
     def _default_options(self) -> None:
         self.checkpointing = None
+        self.gradient_checkpoint_config = None
         self.custom_policy = None
-        self.mesh = None
+        self.mesh: Any = None
+        self._pg_mesh: ProcessGroupMesh | None = None
+        self._stage_manager: PipelineStageManager | None = None
+        self.parallel_output = True
+        self.broadcast_buffers = True
+        self.communication_dtype = None
+        self.num_layers_per_stage = None
+        self.enable_sequence_parallelism = False
+
+    # -- the mesh, and ColossalAI's view of it -------------------------------------------
+    def _build_mesh(self) -> None:
+        """megalith_comm's Mesh (pp, dp, sp, tp; tp fastest) and the torch groups of its
+        axes; collective over the world, so every rank makes the plugin alike."""
+        import megalith_comm as comm
+
+        if self.mesh is not None:
+            return
+        w = world()
+        dp = self._dp()
+        if self.pp_size > 1:
+            mesh = comm.Mesh(
+                w, pp=self.pp_size, dp=dp, sp=self.sp_size, tp=self.tp_size, name="hybrid"
+            )
+        else:
+            mesh = comm.Mesh(w, dp=dp, sp=self.sp_size, tp=self.tp_size, name="hybrid")
+        self._pg_mesh = ProcessGroupMesh(mesh, singleton_groups())
+        if self.pp_size > 1:
+            s = self.pipeline
+            self._stage_manager = PipelineStageManager(mesh, self._pg_mesh, s.schedule, s.chunks)
+        self.mesh = mesh
+
+    @property
+    def pg_mesh(self) -> ProcessGroupMesh:
+        self._build_mesh()
+        return self._pg_mesh  # type: ignore[return-value]
+
+    @property
+    def stage_manager(self) -> PipelineStageManager | None:
+        """ColossalAI's PipelineStageManager; None when pp_size == 1."""
+        if self.pp_size == 1:
+            return None
+        self._build_mesh()
+        return self._stage_manager
+
+    dp_axis, pp_axis, tp_axis, sp_axis = 0, 1, 2, 3
+
+    @property
+    def dp_group(self) -> Any:
+        return self.pg_mesh.get_group_along_axis("dp")
+
+    @property
+    def tp_group(self) -> Any:
+        return self.pg_mesh.get_group_along_axis("tp")
+
+    @property
+    def pp_group(self) -> Any:
+        return self.pg_mesh.get_group_along_axis("pp")
+
+    @property
+    def sp_group(self) -> Any:
+        """split_gather runs over the tp group (ColossalAI's rule); all_to_all over sp."""
+        return self.tp_group if self.sequence_parallel else self.pg_mesh.get_group_along_axis("sp")
+
+    @property
+    def mixed_dp_group(self) -> Any:
+        return self.pg_mesh.get_group_along_axis(("dp", "sp"))
+
+    @property
+    def shard_config(self) -> ShardConfig:
+        return ShardConfig(
+            tensor_parallel_process_group=self.tp_group,
+            sequence_parallel_process_group=self.sp_group,
+            pipeline_stage_manager=self.stage_manager,
+            enable_tensor_parallelism=self.tp_size > 1,
+            enable_sequence_parallelism=self.sp_mode is not None,
+            sequence_parallelism_mode=self.sp_mode,
+            parallel_output=self.parallel_output,
+            gradient_checkpoint_config=self.gradient_checkpoint_config,
+        )
+
+    # -- ColossalAI's Plugin interface ---------------------------------------------------
+    @property
+    def enable_pipeline_parallelism(self) -> bool:
+        return self.pp_size > 1
+
+    def supported_devices(self) -> list[str]:
+        return ["cuda", "npu", "cpu"]
+
+    def supported_precisions(self) -> tuple[str, ...]:
+        return ("fp32", "bf16", "fp16")
+
+    def control_device(self) -> bool:
+        return True
+
+    def control_precision(self) -> bool:
+        return True
+
+    def support_no_sync(self) -> bool:
+        return True
+
+    def support_lora(self) -> bool:
+        return False
+
+    def control_checkpoint_io(self) -> bool:
+        return True
 
     # The Strategy's settings under the names the rest of the plugin reads.
     @property
@@ -395,8 +384,16 @@ class HybridParallelPlugin(StrategyPlugin):
         return self.strategy.parallel.sp
 
     @property
+    def dp_size(self) -> int:
+        return self._dp()
+
+    @property
     def sp_mode(self) -> str | None:
         return self.strategy.parallel.sequence_parallelism
+
+    @property
+    def sequence_parallelism_mode(self) -> str | None:
+        return self.sp_mode
 
     @property
     def sequence_parallel(self) -> bool:
@@ -413,9 +410,6 @@ class HybridParallelPlugin(StrategyPlugin):
     @property
     def pipeline(self) -> PipelineSettings:
         return self.strategy.parallel.pipeline_settings()
-
-    def supported_precisions(self) -> tuple[str, ...]:
-        return ("fp32", "bf16", "fp16")
 
     def _scaler(self) -> Any:
         """fp16 at zero_stage 0: megalith_zero's dynamic loss scaler; None otherwise."""
@@ -450,16 +444,30 @@ class HybridParallelPlugin(StrategyPlugin):
         # mesh order (pp, dp, sp, tp): tp fastest
         return world().rank // (self.tp_size * self.sp_size) % dp, dp
 
+    def _policy(self, model: torch.nn.Module) -> Any:
+        """The tensor-parallel policy (needed for tp, and for pp to cut transformers
+        models into stages); None for a model no policy knows, under pp only."""
+        from megalith.tensor_parallel import policy_for
+
+        if self.custom_policy is not None:
+            return self.custom_policy
+        if self.tp_size > 1:
+            return policy_for(model)
+        if self.pp_size > 1:
+            try:
+                return policy_for(model)
+            except ValueError:
+                return None  # megalith_pipeline cuts it by its own rules
+        return None
+
     def configure(self, model, optimizer, criterion, dataloader, lr_scheduler):
         import megalith_comm as comm
-        from megalith.tensor_parallel import apply_ulysses, policy_for, shard_model
+        from megalith.tensor_parallel import apply_ulysses, install_parallel_loss, shard_model
         from megalith.tensor_parallel.ulysses import validate_ulysses
 
         w = world()
-        dp = self._dp()
-        policy = None
+        policy = self._policy(model)
         if self.tp_size > 1:
-            policy = self.custom_policy or policy_for(model)
             policy.validate(model, self.tp_size)  # before the mesh's collectives
         if self.sp_mode == "all_to_all":
             validate_ulysses(model, self.sp_size, self.tp_size)
@@ -469,17 +477,16 @@ class HybridParallelPlugin(StrategyPlugin):
             )
         model = model.to(w.device)
         before = {id(p): name for name, p in model.named_parameters()}
-        if self.pp_size > 1:
-            self.mesh = comm.Mesh(
-                w, pp=self.pp_size, dp=dp, sp=self.sp_size, tp=self.tp_size, name="hybrid"
-            )
-        else:
-            self.mesh = comm.Mesh(w, dp=dp, sp=self.sp_size, tp=self.tp_size, name="hybrid")
+        self._build_mesh()
+        parallel_logits = False
         if self.tp_size > 1:
+            parallel_logits = self.parallel_output and policy.has_lm_head(model)
             shard_model(
                 model, self.mesh.group("tp"), sequence_parallel=self.sequence_parallel,
-                policy=policy,
+                gather_logits=not parallel_logits, policy=policy,
             )  # fmt: skip
+            if parallel_logits:
+                install_parallel_loss(model, self.mesh.group("tp"))
         if self.sp_mode == "all_to_all":
             apply_ulysses(model, self.mesh.group("sp"))
         if self.checkpointing is not None:
@@ -489,15 +496,25 @@ class HybridParallelPlugin(StrategyPlugin):
         with torch.no_grad():
             for p in model.parameters():
                 comm.broadcast(p.data, src=dp_group.global_rank(0), group=dp_group)
+            if self.broadcast_buffers:
+                _broadcast(model.buffers(), dp_group)
         _share_rng(self.mesh.group("tp"))
         if self.pp_size > 1:
-            return self._pipeline(model, optimizer, criterion, dataloader, lr_scheduler)
+            logits_group = self.mesh.group("tp") if parallel_logits else None
+            return self._pipeline(
+                model, optimizer, criterion, dataloader, lr_scheduler, policy, logits_group
+            )
         if self.zero_stage in (1, 2):
             return self._zero(model, optimizer, criterion, dataloader, lr_scheduler)
-        wrapped = HybridModel(model, self.precision, self.mesh)
+        sync_buffers = (
+            self.broadcast_buffers and dp_group.size > 1 and any(True for _ in model.buffers())
+        )
+        wrapped = HybridModel(model, self.precision, self.mesh, sync_buffers)
         opt = None
         if optimizer:
-            opt = HybridOptimizer(optimizer, wrapped, self.max_norm, self._scaler())
+            opt = HybridOptimizer(
+                optimizer, wrapped, self.max_norm, self._scaler(), self.communication_dtype
+            )
         return wrapped, opt, criterion, dataloader, lr_scheduler
 
     def _zero(self, model, optimizer, criterion, dataloader, lr_scheduler):
@@ -520,21 +537,31 @@ class HybridParallelPlugin(StrategyPlugin):
             lr_scheduler,
         )
 
-    def _pipeline(self, model, optimizer, criterion, dataloader, lr_scheduler):
-        """Steps 4 and 5 for pp_size > 1: cut the (tp-sharded) model into stages over the pp axis;
-        the optimizer keeps this rank's stages' parameters only; then zero_stage 1 over dp."""
+    def _pipeline(
+        self, model, optimizer, criterion, dataloader, lr_scheduler, policy, logits_group
+    ):
+        """Steps 4 and 5 for pp_size > 1: cut the (tp-sharded) model into stages over the
+        pp axis (a policy's pipeline_parts for transformers models, task heads included);
+        the optimizer keeps this rank's stages' parameters only; then ZeRO over dp."""
         pipeline = require(
             "megalith_pipeline", "megalith-pipeline", "HybridParallelPlugin(pp_size>1)"
         )
         settings = self.pipeline
+        parts = policy.pipeline_parts(model) if policy is not None else None
+        source = pipeline.PipelineParts(*parts) if parts is not None else model
+        balance: Any = "layers"
+        if self.num_layers_per_stage is not None:
+            layers = len(pipeline.as_layers(source))
+            balance = stage_balance(self.num_layers_per_stage, layers)
         pipe = pipeline.Pipeline(
-            model,
+            source,
             num_microbatches=settings.num_microbatches or 1,
             schedule=settings.schedule,
             chunks=settings.chunks,
             mesh=self.mesh,
             pp_axis="pp",
             dp_axis="dp",
+            balance=balance,
             loss_on_all_ranks=True,
         )
         local = {id(p) for p in pipe.module.parameters()}
@@ -542,6 +569,8 @@ class HybridParallelPlugin(StrategyPlugin):
             for group in optimizer.param_groups:
                 group["params"] = [p for p in group["params"] if id(p) in local]
         wrapped = PipelineModel(pipe, settings, self.precision, self.mesh, model)
+        wrapped.uses_parts = parts is not None
+        wrapped.logits_group = logits_group
         if not self.zero_stage:
             opt = None
             if optimizer:
@@ -571,9 +600,13 @@ class HybridParallelPlugin(StrategyPlugin):
         data_iter: Any,
         model: Any,
         criterion: Any,
-        optimizer: Any,
+        optimizer: Any = None,
+        return_loss: bool = True,
         return_outputs: bool = False,
     ) -> Any:
+        """One step: the next batch's forward and backward through every stage. Returns the
+        loss (on every rank); with return_outputs the last stage's outputs of the whole batch
+        (the model's own output type) are in model.last_outputs on the last stage's ranks."""
         if not isinstance(model, PipelineModel):
             raise ValueError(
                 "execute_pipeline: the model must be the one boost() returned with pp_size > 1"
@@ -610,6 +643,17 @@ class HybridParallelPlugin(StrategyPlugin):
         return HybridParallelCheckpointIO()
 
 
+def _broadcast(tensors: Any, group: Any) -> None:
+    """dp rank 0's values into every rank's tensors (buffers)."""
+    import megalith_comm as comm
+
+    if group.size == 1:
+        return
+    with torch.no_grad():
+        for t in tensors:
+            comm.broadcast(t.data, src=group.global_rank(0), group=group)
+
+
 def _share_rng(group: Any) -> None:
     """Every rank of group takes group rank 0's torch random state (CPU, and CUDA if used)."""
     import megalith_comm as comm
@@ -635,3 +679,12 @@ def _replace_params(optimizer: Any, model: torch.nn.Module, before: dict[int, st
     after = dict(model.named_parameters())
     for group in optimizer.param_groups:
         group["params"] = [after[before[id(p)]] if id(p) in before else p for p in group["params"]]
+
+
+__all__ = [
+    "HybridModel",
+    "HybridOptimizer",
+    "HybridParallelPlugin",
+    "PipelineOptimizer",
+    "tp_grad_norm_sq",
+]

@@ -9,11 +9,16 @@ megalith_zero's stage 1 over dp, driven through its no_sync (zero_stage 1).
 bf16 and fp16 are torch.autocast around the schedule; fp16 multiplies each
 micro-batch's loss by the optimizer's loss scale before its backward.
 
-The loss: ColossalAI calls criterion(outputs, micro_batch). For a transformers-
-style language model the last stage gives logits; criterion gets them as
-`outputs.logits`, and `outputs.loss` is the causal-LM loss of the micro-batch's
-"labels" (shifted by one, -100 ignored), as transformers' own models compute it,
-so `lambda outputs, inputs: outputs.loss` works unchanged.
+The loss: ColossalAI calls criterion(outputs, micro_batch). A transformers model is cut
+by its family's policy (tensor_parallel/policies/<family>_stages.py): its micro-batch's
+model inputs (the batch's tensors its forward takes, labels included) go through the
+stages and its head runs the model's own forward, so `outputs` is the model's own output
+type (CausalLMOutputWithPast, SequenceClassifierOutput, Seq2SeqLMOutput, ...) with the
+model's own .loss: `lambda outputs, inputs: outputs.loss` works unchanged. Other models
+(megalith.models, an nn.Sequential) take the batch's input ids; when the last stage gives
+logits, criterion gets them as `outputs.logits`, and `outputs.loss` is the causal-LM loss
+of the micro-batch's "labels" (shifted by one, -100 ignored; on vocabulary-parallel
+logits when parallel_output keeps them so).
 """
 
 from __future__ import annotations
@@ -109,13 +114,31 @@ class PipelineSettings:
         return batch_size // self.microbatch_size
 
 
+def stage_balance(num_layers_per_stage: list[int], layers: int) -> list[int]:
+    """ColossalAI's num_layers_per_stage (decoder layers per virtual stage) as
+    megalith_pipeline's stage sizes: the embedding joins the first stage, the head the last."""
+    extra = layers - sum(num_layers_per_stage)
+    if extra != 2 or min(num_layers_per_stage, default=0) < 0:
+        raise ValueError(
+            f"HybridParallelPlugin: num_layers_per_stage={num_layers_per_stage} sums to "
+            f"{sum(num_layers_per_stage)}, but the model has {layers - 2} blocks (between its "
+            "embedding and its head); give one count per virtual stage summing to the blocks"
+        )
+    sizes = list(num_layers_per_stage)
+    sizes[0] += 1
+    sizes[-1] += 1
+    return sizes
+
+
 class LMOutput:
     """What criterion gets from the last stage: logits, and the causal-LM loss of
-    `labels` computed when first asked for."""
+    `labels` computed when first asked for (on vocabulary-parallel logits over `group`
+    when given)."""
 
-    def __init__(self, logits: torch.Tensor, labels: torch.Tensor | None):
+    def __init__(self, logits: torch.Tensor, labels: torch.Tensor | None, group: Any = None):
         self.logits = logits
         self._labels = labels
+        self._group = group
 
     @property
     def loss(self) -> torch.Tensor:
@@ -124,6 +147,10 @@ class LMOutput:
                 "execute_pipeline: outputs.loss needs 'labels' in the batch; or compute the "
                 "loss from outputs.logits in the criterion"
             )
+        if self._group is not None:
+            from megalith.tensor_parallel import vocab_parallel_causal_lm_loss
+
+            return vocab_parallel_causal_lm_loss(self.logits, self._labels, self._group)
         logits = self.logits[:, :-1].float()
         target = self._labels[:, 1:].to(logits.device)
         return F.cross_entropy(
@@ -135,7 +162,8 @@ class LMOutput:
 
 
 def model_inputs(batch: Any) -> Any:
-    """What the first stage takes: input ids from a dict batch, else the batch itself."""
+    """What the first stage of a model cut by its own layout takes: input ids from a dict
+    batch, else the batch itself."""
     if isinstance(batch, dict):
         if "input_ids" not in batch:
             raise ValueError(
@@ -151,6 +179,7 @@ def loss_fn_for(
     criterion: Callable[..., torch.Tensor],
     loss_scale: float = 1.0,
     keep: list[Any] | None = None,
+    logits_group: Any = None,
 ) -> Callable[[Any, Any], torch.Tensor]:
     """The pipeline's loss on the last stage: criterion(outputs, micro_batch), times the
     fp16 loss scale; `keep` collects each micro-batch's outputs (detached), in order."""
@@ -158,7 +187,7 @@ def loss_fn_for(
     def loss_fn(output: Any, micro_batch: Any) -> torch.Tensor:
         if isinstance(output, torch.Tensor) and output.dim() == 3:
             labels = micro_batch.get("labels") if isinstance(micro_batch, dict) else None
-            output = LMOutput(output, labels)
+            output = LMOutput(output, labels, logits_group)
         if keep is not None:
             keep.append(_detached(output))
         loss = criterion(output, micro_batch)
@@ -169,7 +198,13 @@ def loss_fn_for(
 
 def _detached(output: Any) -> Any:
     if isinstance(output, LMOutput):
-        return LMOutput(output.logits.detach(), output._labels)
+        return LMOutput(output.logits.detach(), output._labels, output._group)
+    if isinstance(output, dict):  # a transformers ModelOutput keeps its type
+        fields = {k: _detached(v) for k, v in output.items()}
+        try:
+            return type(output)(**fields)
+        except TypeError:
+            return fields
     return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, output)
 
 
@@ -178,12 +213,16 @@ def merge_outputs(outputs: list[Any]) -> Any:
     LMOutput, dicts (ModelOutput too), tuples and lists alike."""
     first = outputs[0]
     if isinstance(first, torch.Tensor):
-        return torch.cat(outputs) if first.dim() else torch.stack(outputs)
+        if first.dim():
+            return torch.cat(outputs)
+        # a per-micro-batch scalar (a loss): the batch's mean
+        return torch.stack(outputs).float().mean() if first.is_floating_point() else outputs[-1]
     if isinstance(first, LMOutput):
         labels = [o._labels for o in outputs]
         return LMOutput(
             torch.cat([o.logits for o in outputs]),
             None if any(x is None for x in labels) else torch.cat(labels),
+            first._group,
         )
     if isinstance(first, dict):
         merged = {k: merge_outputs([o[k] for o in outputs]) for k in first}
@@ -210,6 +249,8 @@ class PipelineModel(ModelWrapper):
         self.whole = whole  # the model as given (names for checkpoints); stages alias it
         self.zero_no_sync: Callable | None = None  # megalith_zero's, under zero_stage 1
         self.last_outputs: Any = None
+        self.uses_parts = False  # cut by a policy's pipeline_parts: stages take a dict
+        self.logits_group: Any = None  # vocabulary-parallel logits (parallel_output)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(
@@ -239,14 +280,22 @@ class PipelineModel(ModelWrapper):
         fp16: each micro-batch's loss is multiplied by loss_scale before its backward (the
         optimizer unscales); the loss returned is the unscaled one. keep_outputs: the last
         stage's outputs of the whole batch go to `last_outputs` (None on other ranks)."""
+        from megalith.tensor_parallel.policies.stages import model_inputs as stage_inputs
+
         pipe = self.pipe
-        inputs = model_inputs(batch)
-        n = inputs.shape[0] if isinstance(inputs, torch.Tensor) else len(inputs)
+        device = pipe.channels.device
+        if self.uses_parts:
+            inputs = {k: v.to(device) for k, v in stage_inputs(self.whole, batch).items()}
+            n = inputs["input_ids"].shape[0]
+        else:
+            inputs = model_inputs(batch)
+            n = inputs.shape[0] if isinstance(inputs, torch.Tensor) else len(inputs)
+            inputs = inputs.to(device) if isinstance(inputs, torch.Tensor) else inputs
         pipe.set_num_microbatches(self.settings.microbatches(n))
         kept: list[Any] | None = [] if keep_outputs else None
-        pipe.loss_fn = pipe.executor.loss_fn = loss_fn_for(criterion, loss_scale, kept)
-        device = pipe.channels.device
-        inputs = inputs.to(device) if isinstance(inputs, torch.Tensor) else inputs
+        pipe.loss_fn = pipe.executor.loss_fn = loss_fn_for(
+            criterion, loss_scale, kept, self.logits_group
+        )
         with self.autocast():
             loss = pipe.step(inputs, batch, no_sync=no_sync)
         self.last_outputs = merge_outputs(kept) if kept else None

@@ -3,10 +3,16 @@
     shard_model(model, group)                      # picks the policy by model class
     shard_model(model, group, policy=MyPolicy())   # any other model
 
-Supported: megalith.models GPTLMHeadModel and LlamaForCausalLM; transformers'
-GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM, BertModel and its Bert* heads (bert.py), T5ForConditionalGeneration,
-T5EncoderModel and the other T5* models (t5.py). Not yet: MoE.
+Supported: megalith.models GPTLMHeadModel and LlamaForCausalLM; transformers' GPT-2
+models (GPT2Model, GPT2LMHeadModel, GPT2DoubleHeadsModel, GPT2For{Sequence,Token}
+Classification, GPT2ForQuestionAnswering), Llama / Mistral / Qwen2 / Qwen3 (*Model,
+*ForCausalLM, *ForSequenceClassification), BertModel and its Bert* heads (bert.py),
+T5ForConditionalGeneration, T5EncoderModel and the other T5* models (t5.py). Not yet: MoE.
+
+A policy also cuts its models into pipeline stages (Policy.pipeline_parts,
+<family>_stages.py): every model above, except T5's sequence-classification and
+question-answering heads (T5Model, T5ForConditionalGeneration, T5EncoderModel and
+T5ForTokenClassification are cut).
 """
 
 from __future__ import annotations
@@ -19,13 +25,16 @@ from .base import DecoderPolicy, Policy, ShardContext, TPInfo
 from .bert import BertPolicy
 from .gpt2 import GPT2Policy, ParallelGPTAttention
 from .llama import LlamaPolicy
+from .parallel_loss import install_parallel_loss
 from .t5 import T5Policy
 
 POLICIES: list[Policy] = [GPT2Policy(), LlamaPolicy(), BertPolicy(), T5Policy()]
 
 SUPPORTED = (
     "megalith.models.GPTLMHeadModel, megalith.models.LlamaForCausalLM, transformers "
-    "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+    "GPT2Model, GPT2LMHeadModel, GPT2DoubleHeadsModel, GPT2ForSequenceClassification, "
+    "GPT2ForTokenClassification, GPT2ForQuestionAnswering, LlamaModel, LlamaForCausalLM, "
+    "LlamaForSequenceClassification (and the Mistral, Qwen2, Qwen3 ones), "
     "BertModel, BertForMaskedLM, BertForSequenceClassification (and the other Bert* heads), "
     "T5ForConditionalGeneration, T5EncoderModel (and the other T5* models)"
 )
@@ -77,6 +86,7 @@ __all__ = [
     "ShardContext",
     "T5Policy",
     "TPInfo",
+    "install_parallel_loss",
     "policy_for",
     "shard_model",
 ]

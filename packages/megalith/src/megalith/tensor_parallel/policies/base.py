@@ -52,6 +52,20 @@ class Policy:
     def shard(self, model: nn.Module, ctx: ShardContext) -> None:
         raise NotImplementedError
 
+    def has_lm_head(self, model: nn.Module) -> bool:
+        """Whether the model ends in a causal-LM vocabulary projection whose logits
+        HybridParallelPlugin(parallel_output=True) keeps vocabulary-parallel (ColossalAI
+        does so for causal LMs only; other heads' logits are gathered)."""
+        return False
+
+    def pipeline_parts(
+        self, model: nn.Module
+    ) -> tuple[nn.Module, list[nn.Module], nn.Module] | None:
+        """(embed, blocks, head) for a pipeline (stages.py), or None: megalith_pipeline cuts
+        the model by its own rules (its pipeline_parts(), an nn.Sequential, a GPT-2 or
+        Llama layout)."""
+        return None
+
 
 @dataclass(frozen=True)
 class TPInfo:
@@ -81,20 +95,30 @@ class DecoderPolicy(Policy):
     def shard_block(self, block: nn.Module, model: nn.Module, ctx: ShardContext) -> None:
         raise NotImplementedError
 
+    def paths(self, model: nn.Module) -> tuple[str, str]:
+        """(embedding path, blocks path) in this model: a head model's, or the bare
+        trunk's (GPT2Model, LlamaModel) without the trunk's prefix."""
+        trunk = self.blocks_path.partition(".")[0]
+        if hasattr(model, trunk):
+            return self.embedding_path, self.blocks_path
+        return self.embedding_path.partition(".")[2], self.blocks_path.partition(".")[2]
+
     def shard(self, model: nn.Module, ctx: ShardContext) -> None:
-        parent_path, _, attr = self.embedding_path.rpartition(".")
+        embedding_path, blocks_path = self.paths(model)
+        parent_path, _, attr = embedding_path.rpartition(".")
         parent = model.get_submodule(parent_path)
         old_embedding = getattr(parent, attr)
-        tied = model.lm_head.weight is old_embedding.weight
         embedding = VocabParallelEmbedding.from_embedding(old_embedding, ctx.group)
         setattr(parent, attr, embedding)
-        lm_head = ColumnParallelLinear.from_linear(
-            model.lm_head, ctx.group, gather_output=ctx.gather_logits
-        )
-        if tied:
-            lm_head.weight = embedding.weight
-        model.lm_head = lm_head
-        blocks = model.get_submodule(self.blocks_path)
+        head = getattr(model, "lm_head", None)
+        if head is not None:  # task heads (score, classifier, qa_outputs) stay replicated
+            tied = head.weight is old_embedding.weight
+            gather = ctx.gather_logits or not self.has_lm_head(model)
+            lm_head = ColumnParallelLinear.from_linear(head, ctx.group, gather_output=gather)
+            if tied:
+                lm_head.weight = embedding.weight
+            model.lm_head = lm_head
+        blocks = model.get_submodule(blocks_path)
         for block in blocks:
             self.shard_block(block, model, ctx)
         if ctx.sequence_parallel and len(blocks):

@@ -54,6 +54,11 @@ class BertPolicy(Policy):
     def matches(self, model: nn.Module) -> bool:
         return _hf(model)
 
+    def pipeline_parts(self, model: nn.Module) -> tuple[nn.Module, list[nn.Module], nn.Module]:
+        from .bert_stages import bert_stages
+
+        return bert_stages(model)
+
     def validate(self, model: nn.Module, tp: int) -> None:
         check_transformers()
         c = model.config

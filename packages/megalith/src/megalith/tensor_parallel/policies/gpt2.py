@@ -1,10 +1,15 @@
-"""GPT-2: megalith.models.GPTLMHeadModel and transformers' GPT2LMHeadModel.
+"""GPT-2: megalith.models.GPTLMHeadModel and transformers' GPT2Model, GPT2LMHeadModel,
+GPT2DoubleHeadsModel, GPT2ForSequenceClassification, GPT2ForTokenClassification and
+GPT2ForQuestionAnswering (their pipeline stages: gpt2_stages.py).
 
 Both keep projections [in, out] (Conv1D layout) under the same names. Per block:
 attn.c_attn is column-parallel over q, k and v separately (each rank its heads'
 slice of each), attn.c_proj row-parallel; mlp.c_fc column-, mlp.c_proj
 row-parallel. wte is vocabulary-parallel and lm_head (tied to it) column-parallel;
-wpe and the norms are replicated.
+wpe and the norms are replicated, and so are the task heads (score, classifier,
+qa_outputs, the multiple-choice summary): they read the full hidden states after the
+last block, so every rank computes the same gradients for them without communication.
+GPT2DoubleHeadsModel's lm_head always gathers its logits (ColossalAI's choice too).
 """
 
 from __future__ import annotations
@@ -17,9 +22,19 @@ from ..linear import ColumnParallelLinear, RowParallelLinear
 from .base import DecoderPolicy, ShardContext
 from .hf_version import check_transformers
 
+HF_NAMES = (
+    "GPT2Model",
+    "GPT2LMHeadModel",
+    "GPT2DoubleHeadsModel",
+    "GPT2ForSequenceClassification",
+    "GPT2ForTokenClassification",
+    "GPT2ForQuestionAnswering",
+)
 
-def _is_hf(model: nn.Module, name: str) -> bool:
-    return type(model).__name__ == name and type(model).__module__.startswith("transformers.")
+
+def _is_hf(model: nn.Module) -> bool:
+    cls = type(model)
+    return cls.__name__ in HF_NAMES and cls.__module__.startswith("transformers.")
 
 
 class ParallelGPTAttention(nn.Module):
@@ -59,11 +74,23 @@ class GPT2Policy(DecoderPolicy):
     def matches(self, model: nn.Module) -> bool:
         from megalith.models import GPTLMHeadModel
 
-        return isinstance(model, GPTLMHeadModel) or _is_hf(model, "GPT2LMHeadModel")
+        return isinstance(model, GPTLMHeadModel) or _is_hf(model)
+
+    def has_lm_head(self, model: nn.Module) -> bool:
+        return not _is_hf(model) or type(model).__name__ == "GPT2LMHeadModel"
+
+    def pipeline_parts(
+        self, model: nn.Module
+    ) -> tuple[nn.Module, list[nn.Module], nn.Module] | None:
+        if not _is_hf(model):
+            return None  # megalith.models: the model's own pipeline_parts()
+        from .gpt2_stages import gpt2_stages
+
+        return gpt2_stages(model)
 
     def config_sizes(self, model: nn.Module) -> dict[str, int]:
         c = model.config
-        if _is_hf(model, "GPT2LMHeadModel"):
+        if _is_hf(model):
             check_transformers()
             heads, d_ff = c.n_head, c.n_inner or 4 * c.n_embd
         else:
@@ -76,7 +103,7 @@ class GPT2Policy(DecoderPolicy):
 
     def shard_block(self, block: nn.Module, model: nn.Module, ctx: ShardContext) -> None:
         attn = block.attn
-        if _is_hf(model, "GPT2LMHeadModel"):
+        if _is_hf(model):
             d = attn.embed_dim
             attn.c_attn = ColumnParallelLinear.from_linear(
                 attn.c_attn, ctx.group, parts=(d, d, d), input_comm="none"

@@ -1,6 +1,8 @@
-"""Llama-shaped decoders: megalith.models.LlamaForCausalLM and transformers'
-LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM (same
-module names; Qwen3 adds per-head q_norm / k_norm).
+"""Llama-shaped decoders: megalith.models.LlamaForCausalLM and transformers' Llama,
+Mistral, Qwen2 and Qwen3 models: *Model, *ForCausalLM and *ForSequenceClassification
+(same module names; Qwen3 adds per-head q_norm / k_norm; pipeline stages:
+llama_stages.py). The classification score is replicated (it reads the full hidden
+states after the last layer).
 
 Per layer: q_proj column-parallel by heads; k_proj / v_proj column-parallel when
 tp divides the kv heads, else replicated with each rank using its query heads'
@@ -20,7 +22,9 @@ from ..sequence import add_grad_all_reduce
 from .base import DecoderPolicy, ShardContext
 from .hf_version import check_transformers
 
-HF_NAMES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+FAMILIES = ("Llama", "Mistral", "Qwen2", "Qwen3")
+HEADS = ("Model", "ForCausalLM", "ForSequenceClassification")
+HF_NAMES = tuple(f + h for f in FAMILIES for h in HEADS)
 
 
 def _hf(model: nn.Module) -> bool:
@@ -37,6 +41,18 @@ class LlamaPolicy(DecoderPolicy):
         from megalith.models import LlamaForCausalLM
 
         return isinstance(model, LlamaForCausalLM) or _hf(model)
+
+    def has_lm_head(self, model: nn.Module) -> bool:
+        return not _hf(model) or type(model).__name__.endswith("ForCausalLM")
+
+    def pipeline_parts(
+        self, model: nn.Module
+    ) -> tuple[nn.Module, list[nn.Module], nn.Module] | None:
+        if not _hf(model):
+            return None  # megalith.models: the model's own pipeline_parts()
+        from .llama_stages import llama_stages
+
+        return llama_stages(model)
 
     def heads(self, model: nn.Module) -> tuple[int, int, int]:
         """(query heads, kv heads, head_dim)."""

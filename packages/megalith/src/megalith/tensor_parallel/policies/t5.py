@@ -53,6 +53,18 @@ class T5Policy(Policy):
     def matches(self, model: nn.Module) -> bool:
         return _hf(model)
 
+    def pipeline_parts(self, model: nn.Module) -> tuple[nn.Module, list[nn.Module], nn.Module]:
+        from .t5_stages import t5_stages
+
+        if type(model).__name__ in ("T5ForSequenceClassification", "T5ForQuestionAnswering"):
+            raise ValueError(
+                f"pipeline: {type(model).__name__} is not cut into stages (ColossalAI does not "
+                "either); run it with pp_size=1, or pipeline T5Model / T5EncoderModel / "
+                "T5ForConditionalGeneration / T5ForTokenClassification"
+            )
+
+        return t5_stages(model)
+
     def validate(self, model: nn.Module, tp: int) -> None:
         check_transformers()
         c = model.config
