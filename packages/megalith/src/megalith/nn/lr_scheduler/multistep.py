@@ -1,7 +1,7 @@
 """Step decay at milestones, with ColossalAI's warmup variant. With b the base lr and
 k the steps taken:
 
-    MultiStepLR:       b * gamma^(number of milestones <= k)   (torch's MultiStepLR)
+    MultiStepLR:       b * gamma^(number of milestones <= k)   (torch's MultiStepLR rule)
     MultiStepWarmupLR: (k + 1) / w * b for k < w, then b * gamma^(number of
                        milestones m >= w with m - w <= k - w)
 """
@@ -11,9 +11,7 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
-from torch.optim.lr_scheduler import MultiStepLR as _TorchMultiStep
-
-from ._base import ClosedFormLR, torch_optimizer, warmup_factor, warn_ignored
+from ._base import ClosedFormLR, warmup_factor, warn_ignored
 
 _WHY = "ColossalAI's scheduler accepts and drops extra keywords too"
 
@@ -24,8 +22,10 @@ def _check_milestones(owner: str, milestones: list[int] | None) -> list[int]:
     return sorted(int(m) for m in milestones)
 
 
-class MultiStepLR(_TorchMultiStep):
-    """ColossalAI's MultiStepLR(optimizer, total_steps, milestones, gamma, last_epoch)."""
+class MultiStepLR(ClosedFormLR):
+    """ColossalAI's MultiStepLR(optimizer, total_steps, milestones, gamma, last_epoch):
+    torch's MultiStepLR rule as a closed form, so that its state_dict (milestones a
+    sorted list, not torch's Counter) survives JSON."""
 
     def __init__(
         self,
@@ -38,9 +38,12 @@ class MultiStepLR(_TorchMultiStep):
     ) -> None:
         owner = type(self).__name__
         warn_ignored(owner, kwargs, _WHY)
-        milestones = _check_milestones(owner, milestones)
-        opt = torch_optimizer(optimizer, owner)
-        super().__init__(opt, milestones, gamma=gamma, last_epoch=last_epoch)
+        self.total_steps, self.gamma = total_steps, gamma
+        self.milestones = _check_milestones(owner, milestones)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, step: int, base: float) -> float:
+        return base * self.gamma ** bisect.bisect_right(self.milestones, step)
 
 
 class MultiStepWarmupLR(ClosedFormLR):
