@@ -10,6 +10,7 @@ booster.save_model(model, "ckpt/model", shard=True)
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -17,27 +18,99 @@ import torch
 
 from .checkpoint_io import CheckpointIO
 from .plugin import Plugin, TorchDDPPlugin, plugin_from_name
-from .plugin.base import world
+from .plugin.base import PRECISIONS, world
+
+#: ColossalAI's mixed_precision names megalith runs as another one (with why)
+_RENAMED = {"fp16_apex": ("fp16", "apex's O1 AMP is torch AMP's fp16 autocast with loss scaling")}
+#: ColossalAI's names megalith refuses (with what to pass)
+_REFUSED = {
+    "fp16_naive": "fp16 parameters over fp32 masters are a ZeRO plugin's precision='fp16' "
+    "(LowLevelZeroPlugin(precision='fp16')); or pass 'fp16' for torch AMP",
+    "fp8": "fp8 compute is not built in megalith; pass 'bf16' (or 'fp16')",
+}
+#: a MixedPrecision object's loss-scale attributes -> torch GradScaler's arguments
+_SCALER_ARGS = {
+    "initial_scale": "init_scale",
+    "init_scale": "init_scale",
+    "growth_factor": "growth_factor",
+    "backoff_factor": "backoff_factor",
+    "growth_interval": "growth_interval",
+}
+
+
+def precision_of(mixed_precision: Any) -> tuple[str | None, dict[str, Any]]:
+    """(the precision name, torch GradScaler arguments) of Booster's mixed_precision."""
+    if mixed_precision is None:
+        return None, {}
+    scaler: dict[str, Any] = {}
+    name = mixed_precision
+    if not isinstance(mixed_precision, str):
+        name = getattr(mixed_precision, "precision", None)
+        if not isinstance(name, str):
+            raise TypeError(
+                f"Booster: mixed_precision={mixed_precision!r}; expected a string or a "
+                "MixedPrecision object (megalith.booster.mixed_precision) with a precision"
+            )
+        for attr, arg in _SCALER_ARGS.items():
+            value = getattr(mixed_precision, attr, None)
+            if value is not None:
+                scaler[arg] = value
+    if name in _REFUSED:
+        raise ValueError(f"Booster: mixed_precision={name!r}: {_REFUSED[name]}")
+    if name in _RENAMED:
+        name, why = _RENAMED[name]
+        warnings.warn(f"Booster: mixed_precision='fp16_apex' runs as 'fp16' ({why})", stacklevel=3)
+    if name not in PRECISIONS:
+        raise ValueError(
+            f"Booster: mixed_precision={name!r}; expected one of {', '.join(PRECISIONS)} "
+            "(or 'fp16_apex', or a MixedPrecision object)"
+        )
+    return name, scaler
+
+
+def _set_amp(plugin: Plugin, precision: str | None, scaler: dict[str, Any]) -> None:
+    """The Booster's mixed precision onto a plugin that does not control its own."""
+    if hasattr(plugin, "set_precision"):
+        plugin.set_precision(precision)
+    if scaler and hasattr(plugin, "set_grad_scaler"):
+        plugin.set_grad_scaler(**scaler)
 
 
 class Booster:
+    """ColossalAI's Booster. mixed_precision: None, "fp16", "bf16" (or "fp32"), or a
+    MixedPrecision object (megalith.booster.mixed_precision; its `precision` and, for
+    fp16, its loss-scale arguments are read). It applies where the plugin does not
+    control precision (TorchDDPPlugin: torch AMP); a plugin that does (the ZeRO, FSDP
+    and hybrid plugins) keeps its own precision= and the Booster's is ignored, with a
+    warning when they differ, as in ColossalAI. plugin: a Plugin, or a name
+    ("ddp", "zero1", "zero2", "gemini"; mixed_precision is then its precision); None:
+    TorchDDPPlugin."""
+
     def __init__(
         self,
         device: str | None = None,
-        mixed_precision: str | None = None,
+        mixed_precision: str | Any | None = None,
         plugin: Plugin | str | None = None,
     ) -> None:
+        precision, scaler = precision_of(mixed_precision)
         if isinstance(plugin, str):
-            plugin = plugin_from_name(plugin, mixed_precision)
+            plugin = plugin_from_name(plugin, precision)
         elif plugin is None:
             plugin = TorchDDPPlugin()
-            plugin.set_precision(mixed_precision)
+            _set_amp(plugin, precision, scaler)
         elif not isinstance(plugin, Plugin):
             raise TypeError(
                 f"Booster: plugin must be a megalith Plugin or a name, got {type(plugin).__name__}"
             )
-        elif mixed_precision is not None:
-            plugin.set_precision(mixed_precision)
+        elif not plugin.control_precision():
+            _set_amp(plugin, precision, scaler)
+        elif precision is not None and precision != getattr(plugin, "precision", precision):
+            warnings.warn(
+                f"Booster: mixed_precision={precision!r} is ignored: {type(plugin).__name__} "
+                f"controls precision and trains in its precision={plugin.precision!r} (as in "
+                "ColossalAI); set the plugin's precision= instead",
+                stacklevel=2,
+            )
         if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(
                 f"Booster(device={device!r}): no CUDA GPU is visible here; leave device out "
@@ -46,6 +119,7 @@ class Booster:
         plugin.check()
         self.plugin = plugin
         self.device = device
+        self.mixed_precision = mixed_precision
 
     def boost(
         self,
@@ -79,6 +153,54 @@ class Booster:
         self, model: Any = None, optimizer: Any = None
     ) -> contextlib.AbstractContextManager:
         return self.plugin.no_sync(model, optimizer)
+
+    def enable_lora(
+        self,
+        model: torch.nn.Module,
+        pretrained_dir: str | None = None,
+        lora_config: Any = None,
+        bnb_quantization_config: Any = None,
+        quantize: bool = False,
+    ) -> torch.nn.Module:
+        """LoRA adapters on the model (Hugging Face peft), before boost(): a new adapter
+        from lora_config (a peft.LoraConfig), or the one saved in pretrained_dir."""
+        _require_peft()
+        if not self.plugin.support_lora():
+            raise NotImplementedError(
+                f"Booster.enable_lora: {type(self.plugin).__name__} does not train LoRA "
+                "adapters; use TorchDDPPlugin or LowLevelZeroPlugin"
+            )
+        if pretrained_dir is None and lora_config is None:
+            raise ValueError(
+                "Booster.enable_lora: pass lora_config (a peft.LoraConfig) or pretrained_dir "
+                "(a directory saved by save_lora_as_pretrained)"
+            )
+        if quantize or bnb_quantization_config is not None:
+            raise NotImplementedError(
+                "Booster.enable_lora: quantize=True (QLoRA's 4-bit base weights through "
+                "bitsandbytes) is not built in megalith; pass quantize=False"
+            )
+        return self.plugin.enable_lora(model, pretrained_dir, lora_config, None)
+
+    def save_lora_as_pretrained(
+        self, model: Any, checkpoint: str, use_safetensors: bool = False
+    ) -> None:
+        """The LoRA adapters and their config as peft's save_pretrained writes them."""
+        _require_peft()
+        if not self.plugin.support_lora():
+            raise NotImplementedError(
+                f"Booster.save_lora_as_pretrained: {type(self.plugin).__name__} does not "
+                "train LoRA adapters; use TorchDDPPlugin or LowLevelZeroPlugin"
+            )
+        io = self.checkpoint_io
+        save = getattr(io, "save_lora_as_pretrained", None)
+        if save is None:
+            raise NotImplementedError(
+                f"Booster.save_lora_as_pretrained: {type(io).__name__} cannot save LoRA "
+                "adapters; save the adapters with model.unwrap(unwrap_peft=False)"
+                ".save_pretrained(checkpoint) on rank 0"
+            )
+        save(model, checkpoint, use_safetensors)
 
     def execute_pipeline(
         self,
@@ -121,16 +243,37 @@ class Booster:
         gather_dtensor: bool = True,
         prefix: str | None = None,
         size_per_shard: int = 1024,
-        use_safetensors: bool = True,
+        use_safetensors: bool = False,
+        use_async: bool = False,
     ) -> None:
-        """safetensors always (nothing is pickled): a file, or with shard=True a directory of
-        files of at most size_per_shard MiB plus model.safetensors.index.json."""
+        """A file, or with shard=True a directory of files of at most size_per_shard MiB
+        plus the index transformers reads (see the plugin's CheckpointIO)."""
         self.checkpoint_io.save_model(
-            model, checkpoint, shard, gather_dtensor, prefix, size_per_shard, use_safetensors
+            model,
+            checkpoint,
+            shard=shard,
+            gather_dtensor=gather_dtensor,
+            prefix=prefix,
+            size_per_shard=size_per_shard,
+            use_safetensors=use_safetensors,
+            use_async=use_async,
         )
 
-    def load_model(self, model: Any, checkpoint: str, strict: bool = True) -> None:
-        self.checkpoint_io.load_model(model, checkpoint, strict)
+    def load_model(
+        self,
+        model: Any,
+        checkpoint: str,
+        strict: bool = True,
+        low_cpu_mem_mode: bool = True,
+        num_threads: int = 1,
+    ) -> None:
+        self.checkpoint_io.load_model(
+            model,
+            checkpoint,
+            strict=strict,
+            low_cpu_mem_mode=low_cpu_mem_mode,
+            num_threads=num_threads,
+        )
 
     def save_optimizer(
         self,
@@ -140,21 +283,41 @@ class Booster:
         gather_dtensor: bool = True,
         prefix: str | None = None,
         size_per_shard: int = 1024,
+        use_async: bool = False,
     ) -> None:
         self.checkpoint_io.save_optimizer(
-            optimizer, checkpoint, shard, gather_dtensor, prefix, size_per_shard
+            optimizer,
+            checkpoint,
+            shard=shard,
+            gather_dtensor=gather_dtensor,
+            prefix=prefix,
+            size_per_shard=size_per_shard,
+            use_async=use_async,
         )
 
     def load_optimizer(
-        self, optimizer: Any, checkpoint: str, prefix: str | None = None, size_per_shard: int = 1024
+        self,
+        optimizer: Any,
+        checkpoint: str,
+        low_cpu_mem_mode: bool = True,
+        num_threads: int = 1,
     ) -> None:
-        self.checkpoint_io.load_optimizer(optimizer, checkpoint, prefix, size_per_shard)
+        self.checkpoint_io.load_optimizer(
+            optimizer, checkpoint, low_cpu_mem_mode=low_cpu_mem_mode, num_threads=num_threads
+        )
 
     def save_lr_scheduler(self, lr_scheduler: Any, checkpoint: str) -> None:
         self.checkpoint_io.save_lr_scheduler(lr_scheduler, checkpoint)
 
     def load_lr_scheduler(self, lr_scheduler: Any, checkpoint: str) -> None:
         self.checkpoint_io.load_lr_scheduler(lr_scheduler, checkpoint)
+
+
+def _require_peft() -> None:
+    try:
+        import peft  # noqa: F401
+    except ImportError as e:
+        raise ImportError("LoRA needs Hugging Face peft: pip install peft") from e
 
 
 def launch_from_torch(seed: int = 1024, verbose: bool = False, **kwargs: Any) -> None:

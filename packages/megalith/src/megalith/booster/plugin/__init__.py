@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 from .base import Plugin
+from .dp_plugin_base import DPPluginBase
 from .hybrid import HybridParallelPlugin
 from .torch_ddp import TorchDDPPlugin
+from .torch_fsdp import TorchFSDPPlugin
 from .zero import GeminiPlugin, LowLevelZeroPlugin
 
 NAMES = ("ddp", "gpu", "torch_ddp", "zero1", "zero2", "low_level_zero", "gemini", "zero3")
@@ -29,10 +31,12 @@ def plugin_from_name(name: str, precision: str | None = None) -> Plugin:
 
 __all__ = [
     "NAMES",
+    "DPPluginBase",
     "GeminiPlugin",
     "HybridParallelPlugin",
     "LowLevelZeroPlugin",
     "Plugin",
     "TorchDDPPlugin",
+    "TorchFSDPPlugin",
     "plugin_from_name",
 ]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import random
+import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -26,6 +28,28 @@ def check_precision(owner: str, precision: str | None) -> str:
     return precision
 
 
+_WARNED: set[tuple[str, str]] = set()
+
+
+def warn_ignored(owner: str, argument: str, value: Any, why: str) -> None:
+    """Once per (owner, argument): a performance-only argument megalith does not use."""
+    if (owner, argument) in _WARNED:
+        return
+    _WARNED.add((owner, argument))
+    warnings.warn(
+        f"{owner}: {argument}={value!r} is ignored ({why}); results are as without it",
+        stacklevel=4,
+    )
+
+
+def warn_non_defaults(owner: str, given: dict[str, Any], why: dict[str, tuple[Any, str]]) -> None:
+    """warn_ignored for each argument of `why` (name: (its default, why it is ignored))
+    that `given` sets to something else."""
+    for name, (default, reason) in why.items():
+        if name in given and given[name] != default:
+            warn_ignored(owner, name, given[name], reason)
+
+
 def require(package: str, dist: str, what: str) -> Any:
     """Imports a megalith sub-package, or says which pip package brings it."""
     import importlib
@@ -34,6 +58,32 @@ def require(package: str, dist: str, what: str) -> Any:
         return importlib.import_module(package)
     except ImportError as e:
         raise ImportError(f"{what} needs {package}: pip install {dist}") from e
+
+
+def peft_model(
+    owner: str,
+    model: torch.nn.Module,
+    pretrained_dir: str | None,
+    lora_config: Any,
+    bnb_quantization_config: Any,
+) -> torch.nn.Module:
+    """LoRA adapters on `model` through Hugging Face peft, as ColossalAI adds them: a new
+    adapter from lora_config, or the trainable adapter saved in pretrained_dir."""
+    try:
+        import peft
+    except ImportError as e:
+        raise ImportError(f"{owner}.enable_lora needs Hugging Face peft: pip install peft") from e
+    if bnb_quantization_config is not None:
+        raise NotImplementedError(
+            f"{owner}.enable_lora: bnb_quantization_config (QLoRA's 4-bit base weights) is "
+            "not built in megalith; leave it None (quantize=False) to train LoRA on the "
+            "model's own weights"
+        )
+    if isinstance(model, torch.nn.Module) and hasattr(model, "unwrap"):
+        raise ValueError(f"{owner}.enable_lora: call it before booster.boost(model)")
+    if pretrained_dir is None:
+        return peft.get_peft_model(model, lora_config)
+    return peft.PeftModel.from_pretrained(model, pretrained_dir, is_trainable=True)
 
 
 def world():
@@ -46,10 +96,47 @@ def world():
 
 
 class Plugin:
+    """ColossalAI's Plugin interface. The Booster asks control_precision() whether its
+    mixed_precision applies (False: the Booster's precision wraps the model; True: the
+    plugin's own precision= rules), and support_no_sync()/support_lora() before no_sync
+    and enable_lora."""
+
     #: True when the plugin runs only with one CUDA GPU per rank.
     needs_gpu = False
     #: the working precision (the built-in plugins read theirs from their Strategy)
     precision: str = "fp32"
+
+    # -- ColossalAI's capability questions --------------------------------------
+    def supported_devices(self) -> list[str]:
+        return ["cuda", "cpu"]
+
+    def control_precision(self) -> bool:
+        """Whether the plugin's own precision argument rules (Booster's is then ignored)."""
+        return True
+
+    def control_device(self) -> bool:
+        return True
+
+    def control_checkpoint_io(self) -> bool:
+        return True
+
+    def support_no_sync(self) -> bool:
+        return True
+
+    def support_lora(self) -> bool:
+        return False
+
+    def enable_lora(
+        self,
+        model: torch.nn.Module,
+        pretrained_dir: str | None = None,
+        lora_config: Any = None,
+        bnb_quantization_config: Any = None,
+    ) -> torch.nn.Module:
+        raise NotImplementedError(
+            f"{type(self).__name__} does not train LoRA adapters; use TorchDDPPlugin or "
+            "LowLevelZeroPlugin with booster.enable_lora"
+        )
 
     # -- called by the Booster ----------------------------------------------
     def configure(
@@ -100,11 +187,16 @@ class Plugin:
         distributed_sampler_cls: type | None = None,
         **kwargs: Any,
     ) -> DataLoader:
-        """A DataLoader whose sampler gives each data-parallel rank its own share."""
+        """A DataLoader whose sampler gives each data-parallel rank its own share, as
+        ColossalAI builds it: the sampler is distributed_sampler_cls (DistributedSampler)
+        with its own default seed and no drop_last (so the order of a shuffled epoch is
+        ColossalAI's); `seed` seeds every worker's random, numpy and torch generators;
+        drop_last drops each rank's last incomplete batch; kwargs go to the DataLoader."""
         rank, size = self.dp_rank_size
         sampler = (distributed_sampler_cls or DistributedSampler)(
-            dataset, num_replicas=size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+            dataset, num_replicas=size, rank=rank, shuffle=shuffle
         )
+        kwargs.setdefault("worker_init_fn", _WorkerSeed(seed))
         return DataLoader(
             dataset,
             batch_size=batch_size,
@@ -119,6 +211,20 @@ class Plugin:
     @contextlib.contextmanager
     def nothing() -> Iterator[None]:
         yield
+
+
+class _WorkerSeed:
+    """A DataLoader worker's init: the same seed for random, numpy and torch (picklable)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __call__(self, worker_id: int) -> None:
+        import numpy as np
+
+        random.seed(self.seed)
+        np.random.seed(self.seed)
+        torch.manual_seed(self.seed)
 
 
 _P = TypeVar("_P", bound="StrategyPlugin")

@@ -1,0 +1,5 @@
+"""ColossalAI's module path colossalai.booster.plugin.low_level_zero_plugin: LowLevelZeroPlugin lives in zero.py."""
+
+from .zero import LowLevelZeroPlugin
+
+__all__ = ["LowLevelZeroPlugin"]
