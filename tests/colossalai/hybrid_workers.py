@@ -174,3 +174,143 @@ def heads_grid(rank: int, setting: tuple[str, int, int]) -> list[str]:
     except Exception as exc:  # every setting reports, not only the first to fail
         where = traceback.format_exc().strip().splitlines()[-4:]
         return [f"{setting}: {type(exc).__name__}: {exc} | {' / '.join(where)}"]
+
+
+def _gpt2() -> torch.nn.Module:
+    return build("GPT2LMHeadModel")
+
+
+def surface_case(rank: int) -> list[str]:
+    """The plugin's attributes, parallel_output both ways, the boosted optimizer's surface
+    and execute_pipeline's outputs, on 2 ranks (one process group for all of it)."""
+    import torch.distributed as dist
+
+    from megalith.booster import Booster
+    from megalith.booster.plugin import HybridParallelPlugin
+
+    torch.set_num_threads(1)
+    errors: list[str] = []
+    gen = torch.Generator().manual_seed(9)
+    inputs = batch("GPT2LMHeadModel", gen)
+    ref = _gpt2()
+    ref_out = ref(**inputs)
+
+    # tp 2: ColossalAI's attributes and parallel_output
+    for parallel_output in (True, False):
+        plugin = HybridParallelPlugin(tp_size=2, parallel_output=parallel_output)
+        model, *_ = Booster(plugin=plugin).boost(_gpt2())
+        out = model(**inputs)
+        close(errors, f"parallel_output={parallel_output} loss", out.loss, ref_out.loss)
+        if parallel_output:
+            half = ref_out.logits.chunk(2, dim=-1)[rank]
+            close(errors, "vocabulary-parallel logits", out.logits, half)
+        else:
+            close(errors, "gathered logits", out.logits, ref_out.logits)
+    sizes = (plugin.dp_size, plugin.tp_size, plugin.pp_size, plugin.sp_size)
+    if sizes != (1, 2, 1, 1) or plugin.stage_manager is not None:
+        errors.append(f"dp, tp, pp, sp = {sizes}; stage_manager {plugin.stage_manager}")
+    if dist.get_world_size(plugin.tp_group) != 2 or dist.get_world_size(plugin.dp_group) != 1:
+        errors.append("tp_group / dp_group sizes")
+    if (
+        plugin.pg_mesh.size(plugin.tp_axis) != 2
+        or plugin.pg_mesh.coordinate(plugin.tp_axis) != rank
+    ):
+        errors.append(f"pg_mesh shape {plugin.pg_mesh.shape}")
+    total = torch.ones(1)
+    dist.all_reduce(total, group=plugin.tp_group)  # a script's own collective on the group
+    if float(total) != 2 or not plugin.shard_config.enable_tensor_parallelism:
+        errors.append("all_reduce over plugin.tp_group")
+    if not (plugin.control_device() and plugin.support_no_sync() and plugin.control_precision()):
+        errors.append("control_device / support_no_sync / control_precision")
+
+    errors += optimizer_surface(rank)
+    errors += pipeline_surface(rank, inputs, ref_out)
+    return errors
+
+
+def optimizer_surface(rank: int) -> list[str]:
+    """dp 2 (tp 1): clipping by max_norm and get_grad_norm, clip_grad_by_value, an LR
+    scheduler built on the user's optimizer before boost, state_dict / load_state_dict,
+    zero_grad(set_to_none); the weights follow the plain model's."""
+    from megalith.booster import Booster
+    from megalith.booster.plugin import HybridParallelPlugin
+
+    errors: list[str] = []
+    ref, model = _gpt2(), _gpt2()
+    # SGD with momentum (a state to round-trip): Adam would blow the key bias's gradient,
+    # zero in theory and rounding noise in both runs, up into unequal updates
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched_ref = torch.optim.lr_scheduler.LambdaLR(opt_ref, lambda s: 1.0 / (1 + s))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    plugin = HybridParallelPlugin(tp_size=1, max_norm=0.5)
+    booster = Booster(plugin=plugin)
+    model, opt, _, _, sched = booster.boost(model, opt, lr_scheduler=sched)
+    gen = torch.Generator().manual_seed(4)
+    for step in range(3):
+        inputs = batch("GPT2LMHeadModel", gen)
+        ref(**inputs).loss.backward()
+        mine = {k: v.chunk(2)[rank] for k, v in inputs.items()}
+        booster.backward(model(**mine).loss, opt)
+        if step == 1:  # by value, as a script calls it before step()
+            opt.clip_grad_by_value(1e-3)
+            torch.nn.utils.clip_grad_value_(ref.parameters(), 1e-3)
+        norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+        opt.step()
+        opt_ref.step()
+        if step != 1:
+            close(errors, f"get_grad_norm at step {step}", torch.tensor(opt.get_grad_norm()), norm)
+        sched.step()
+        sched_ref.step()
+        if opt.param_groups[0]["lr"] != opt_ref.param_groups[0]["lr"]:
+            errors.append(f"lr {opt.param_groups[0]['lr']} != {opt_ref.param_groups[0]['lr']}")
+        opt.zero_grad(set_to_none=step != 0)
+        opt_ref.zero_grad()
+        has = [p.grad for p in model.parameters()]
+        if step == 0 and any(g is None or g.abs().sum() != 0 for g in has):
+            errors.append("zero_grad(set_to_none=False) left no zeroed gradients")
+        if step == 1 and any(g is not None for g in has):
+            errors.append("zero_grad() left gradients")
+        if step == 1:  # the state round-trips
+            state = copy.deepcopy(opt.state_dict())
+            opt.load_state_dict(state)
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.unwrap().named_parameters():
+        close(errors, f"weight {name} after 3 steps", p, ref_params[name])
+    return errors
+
+
+def pipeline_surface(rank: int, inputs: dict, ref_out) -> list[str]:
+    """pp 2 with sequence_parallelism_mode='all_to_all' but sequence parallelism off (bug
+    4c: this was refused): stage_manager, pp_group and execute_pipeline's outputs."""
+    import torch.distributed as dist
+
+    from megalith.booster import Booster
+    from megalith.booster.plugin import HybridParallelPlugin
+
+    errors: list[str] = []
+    plugin = HybridParallelPlugin(
+        tp_size=1, pp_size=2, num_microbatches=2, sequence_parallelism_mode="all_to_all"
+    )
+    booster = Booster(plugin=plugin)
+    model, opt, *_ = booster.boost(_gpt2(), torch.optim.SGD(_gpt2().parameters(), lr=0.1))
+    sm = plugin.stage_manager
+    if (sm.num_stages, sm.stage, sm.is_first_stage(), sm.is_last_stage()) != (
+        2, rank, rank == 0, rank == 1,
+    ):  # fmt: skip
+        errors.append(f"stage_manager: {sm.num_stages} stages, stage {sm.stage}")
+    if dist.get_world_size(plugin.pp_group) != 2 or sm.get_next_rank() != 1 - rank:
+        errors.append("pp_group / next rank")
+    out = booster.execute_pipeline(
+        iter([inputs]), model, criterion, opt, return_loss=True, return_outputs=True
+    )
+    close(errors, "pipeline loss", out["loss"], ref_out.loss)
+    outputs = out["outputs"]
+    if sm.is_last_stage():
+        if type(outputs).__name__ != type(ref_out).__name__:
+            errors.append(f"pipeline outputs are a {type(outputs).__name__}")
+        else:
+            close(errors, "pipeline outputs.logits", outputs.logits, ref_out.logits)
+    elif outputs is not None:
+        errors.append("outputs on a rank without the last stage")
+    return errors

@@ -529,9 +529,10 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
             model, optimizer, self.strategy.zero_config(), mesh=self.mesh, axis="dp",
             model_parallel=self._model_parallel(zero),
         )  # fmt: skip
+        wrapped = ZeroModelWrapper(zmodel)
         return (
-            ZeroModelWrapper(zmodel),
-            ZeroOptimizerWrapper(zopt, self.max_norm),
+            wrapped,
+            ZeroOptimizerWrapper(zopt, wrapped, self.max_norm, False),
             criterion,
             dataloader,
             lr_scheduler,
@@ -591,7 +592,7 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
             model_parallel=self._model_parallel(zero, pipe),
         )  # fmt: skip
         wrapped.zero_no_sync = zopt.no_sync
-        zwrapped = ZeroOptimizerWrapper(zopt, self.max_norm)
+        zwrapped = ZeroOptimizerWrapper(zopt, wrapped, self.max_norm, False)
         zwrapped.pipeline_model = wrapped  # checkpoint_io: names the stages' states
         return wrapped, zwrapped, criterion, dataloader, lr_scheduler
 

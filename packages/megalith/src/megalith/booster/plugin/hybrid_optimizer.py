@@ -185,7 +185,7 @@ class HybridOptimizer(OptimizerWrapper):
         if self._unscale():  # fp16 overflow somewhere: step() skips on every rank
             return float("inf")
         params = self._params()
-        norm = self._grad_norm(params)
+        norm = self._whole_norm(params)
         self._current_grad_norm = norm
         if error_if_nonfinite and not math.isfinite(norm):
             raise RuntimeError(f"clip_grad_by_norm: the gradient norm is {norm}")
@@ -205,7 +205,7 @@ class HybridOptimizer(OptimizerWrapper):
             if p.grad is not None:
                 p.grad.clamp_(-clip_value, clip_value)
 
-    def _grad_norm(self, params: list[torch.nn.Parameter]) -> float:
+    def _whole_norm(self, params: list[torch.nn.Parameter]) -> float:
         return math.sqrt(float(tp_grad_norm_sq(params, self.model.mesh.group("tp"))))
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
@@ -254,7 +254,7 @@ class PipelineOptimizer(HybridOptimizer):
     def backward_by_grad(self, tensor: torch.Tensor, grad: torch.Tensor, *a: Any, **k: Any) -> None:
         self.backward(tensor)
 
-    def _grad_norm(self, params: list[torch.nn.Parameter]) -> float:
+    def _whole_norm(self, params: list[torch.nn.Parameter]) -> float:
         """Over tp shards and over the stages; a weight tied across stages counted once."""
         import megalith_comm as comm
 
