@@ -262,8 +262,8 @@ class CheckpointIO(ABC):
                 publish(out, directory, prefix)
                 shutil.rmtree(out, ignore_errors=True)
 
-        write = self._model_writer(model, use_async)
-        self._commit(write, out, shard_bytes(size_per_shard), finish, use_async)
+        write, deferred = self._model_writer(model, use_async)
+        self._commit(write, out, shard_bytes(size_per_shard), finish, deferred)
 
     def save_unsharded_model(
         self,
@@ -283,7 +283,8 @@ class CheckpointIO(ABC):
             join(_tensor_files(staging, "model"), path, {"format": "pt"})
             shutil.rmtree(staging, ignore_errors=True)
 
-        self._commit(self._model_writer(model, use_async), staging, UNCAPPED, finish, use_async)
+        write, deferred = self._model_writer(model, use_async)
+        self._commit(write, staging, UNCAPPED, finish, deferred)
 
     def load_sharded_model(
         self,
@@ -335,8 +336,8 @@ class CheckpointIO(ABC):
                 publish(out, directory, prefix)
                 shutil.rmtree(out, ignore_errors=True)
 
-        write = self._optimizer_writer(optimizer, use_async)
-        self._commit(write, out, shard_bytes(size_per_shard), finish, use_async)
+        write, deferred = self._optimizer_writer(optimizer, use_async)
+        self._commit(write, out, shard_bytes(size_per_shard), finish, deferred)
 
     def save_unsharded_optimizer(
         self,
@@ -349,9 +350,9 @@ class CheckpointIO(ABC):
         that is an existing directory gets a sharded save's files, uncapped.)"""
         _check_args(gather_dtensor)
         path = Path(checkpoint)
-        write = self._optimizer_writer(optimizer, use_async)
+        write, deferred = self._optimizer_writer(optimizer, use_async)
         if path.is_dir():
-            self._commit(write, path, UNCAPPED, None, use_async)
+            self._commit(write, path, UNCAPPED, None, deferred)
             return
         staging = _staging(path)
 
@@ -360,7 +361,7 @@ class CheckpointIO(ABC):
             join(_tensor_files(staging, "optimizer"), path, {OPTIMIZER_META: meta})
             shutil.rmtree(staging, ignore_errors=True)
 
-        self._commit(write, staging, UNCAPPED, finish, use_async)
+        self._commit(write, staging, UNCAPPED, finish, deferred)
 
     def load_sharded_optimizer(
         self,
@@ -397,23 +398,25 @@ class CheckpointIO(ABC):
         async_writes.wait()
         barrier()
 
-    def _model_writer(self, model: Any, use_async: bool) -> Writer:
+    def _model_writer(self, model: Any, use_async: bool) -> tuple[Writer, bool]:
+        """(what writes the files, whether it may run later on the writer thread)."""
         async_writes.wait()
         if use_async:
             captured = self.capture_model(model)
             if captured is not None:
-                return captured
+                return captured, True
             self._warn_sync()
-        return lambda directory, cap: self.write_model(model, directory, cap)
+        return (lambda directory, cap: self.write_model(model, directory, cap)), False
 
-    def _optimizer_writer(self, optimizer: Any, use_async: bool) -> Writer:
+    def _optimizer_writer(self, optimizer: Any, use_async: bool) -> tuple[Writer, bool]:
+        """(what writes the files, whether it may run later on the writer thread)."""
         async_writes.wait()
         if use_async:
             captured = self.capture_optimizer(optimizer)
             if captured is not None:
-                return captured
+                return captured, True
             self._warn_sync()
-        return lambda directory, cap: self.write_optimizer(optimizer, directory, cap)
+        return (lambda directory, cap: self.write_optimizer(optimizer, directory, cap)), False
 
     def _warn_sync(self) -> None:
         warn_once(

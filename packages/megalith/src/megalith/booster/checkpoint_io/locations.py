@@ -55,8 +55,22 @@ def publish(staging: Path, target: Path, prefix: str | None) -> None:
         atomic_rename(p, target / prefixed(p.name, prefix))
 
 
+def is_safetensors(path: Path) -> bool:
+    """By content (megalith writes safetensors whatever the name: ColossalAI's tests save
+    to model.bin): an 8-byte header length that fits the file, then a JSON object."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except OSError:
+        return False
+    if len(head) < 9:
+        return False
+    n = int.from_bytes(head[:8], "little")
+    return head[8:9] == b"{" and 8 + n <= path.stat().st_size
+
+
 def refuse_pickled(path: Path) -> None:
-    if path.suffix in PICKLED:
+    if path.suffix in PICKLED and not is_safetensors(path):
         raise ValueError(
             f"{path}: a pickled checkpoint; megalith loads safetensors only (nothing "
             "unpickled): convert it once with safetensors.torch.save_file(torch.load(path), "
@@ -192,7 +206,9 @@ def optimizer_view(checkpoint: str | Path, prefix: str | None = None) -> Iterato
     links = {"optimizer.json": directory / prefixed("optimizer.json", prefix)}
     for p in directory.glob(f"optimizer.{prefix}*.safetensors*"):
         if p.name.startswith((f"optimizer.{prefix}.", f"optimizer.{prefix}-")):
+            links[p.name] = p  # the index names the files by their own names
             std = "optimizer" + p.name[len(f"optimizer.{prefix}") :]
-            links[std if std.startswith("optimizer.") else p.name] = p
+            if std.startswith("optimizer."):  # the index, or a single file
+                links[std] = p
     with _links(links) as view:
         yield view
