@@ -71,6 +71,7 @@ class PipePluginCase:
             precision=self.precision,
             max_norm=self.max_norm,
             enable_sequence_parallelism=self.sp,
+            parallel_output=False,  # return_outputs compares full logits
         )
         booster = Booster(plugin=plugin)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
