@@ -1,0 +1,15 @@
+"""ColossalAI's `colossalai.lazy`: build a model without allocating it, materialise later.
+
+from megalith.lazy import LazyInitContext, is_lazy
+with LazyInitContext():
+    model = LlamaForCausalLM(config)        # meta tensors: ~0 bytes
+if is_lazy(model):
+    LazyInitContext.materialize(model)      # the values of eager construction
+
+context.py  LazyInitContext, is_lazy
+trace.py    the record of ops on meta tensors, and its replay
+"""
+
+from .context import LazyInitContext, LazyTensor, is_lazy
+
+__all__ = ["LazyInitContext", "LazyTensor", "is_lazy"]
