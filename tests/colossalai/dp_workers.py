@@ -26,10 +26,13 @@ GLOBAL_BATCH = 6  # divisible by world sizes 2 and 3
 def make_plugin(name: str, precision: str = "fp32"):
     if name == "ddp":
         return TorchDDPPlugin()
+    scale = 2.0**8  # fp16: a first step that does not overflow (and is not skipped)
     if name in ("zero1", "zero2"):
-        return LowLevelZeroPlugin(stage=int(name[-1]), precision=precision)
+        return LowLevelZeroPlugin(stage=int(name[-1]), precision=precision, initial_scale=scale)
     if name == "gemini":
-        return GeminiPlugin(precision=precision, enable_gradient_accumulation=True)
+        return GeminiPlugin(
+            precision=precision, enable_gradient_accumulation=True, initial_scale=scale
+        )
     if name == "fsdp":
         return TorchFSDPPlugin()
     raise ValueError(name)
@@ -156,3 +159,140 @@ def boosted_objects(rank: int, name: str) -> dict:
     out["unwrap"] = type(model.unwrap()).__name__
     out["unwrap_opt"] = opt.unwrap() is opt.optim
     return out
+
+
+def conv_bn() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 4 * 4, 2),
+    )
+
+
+def batch_norm_half(rank: int, setting: tuple[str, str]) -> dict:
+    """ColossalAI's resnet tutorial in small: a conv net with BatchNorm under the plugin
+    in fp16/bf16 (ddp: the Booster's mixed_precision, torch AMP); two SGD steps against
+    fp32 torch with each rank's batch statistics (BatchNorm is not synchronised here)."""
+    name, precision = setting
+    world = comm.get_world().world_size
+    g = torch.Generator().manual_seed(2)
+    data = [torch.randn(world * 2, 3, 6, 6, generator=g) for _ in range(2)]
+    ref = conv_bn()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    ref_losses = []
+    for x in data:
+        losses = [ref(x[r * 2 : (r + 1) * 2]).float().square().mean() for r in range(world)]
+        loss = sum(losses) / world
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(float(loss.detach()))
+    model = conv_bn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if name == "ddp":
+        booster = Booster(mixed_precision=precision, plugin=TorchDDPPlugin())
+    else:
+        booster = Booster(plugin=make_plugin(name, precision))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TorchDDPPlugin: BatchNorm stays per rank on CPU
+        model, opt, *_ = booster.boost(model, opt)
+    out = []
+    for x in data:
+        loss = model(x[rank * 2 : (rank + 1) * 2]).float().square().mean()
+        booster.backward(loss, opt)
+        opt.step()
+        opt.zero_grad()
+        total = loss.detach().clone()
+        comm.all_reduce(total)
+        out.append(float(total) / world)
+    bn = model.unwrap()[1]
+    rel = max(abs(a - b) / abs(b) for a, b in zip(out, ref_losses))
+    return {"rel": rel, "running_mean": str(bn.running_mean.dtype)}
+
+
+def accumulation(rank: int, name: str) -> float:
+    """Two backward passes (half of each rank's batch each) before one step equal one
+    backward of the whole batch: gradients accumulate (Gemini's
+    enable_gradient_accumulation)."""
+    ref = mlp()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    model = mlp()
+    booster = Booster(plugin=make_plugin(name))
+    model, opt, *_ = booster.boost(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = batches(1)[0]
+    torch.nn.functional.mse_loss(ref(x), y).backward()
+    ref_opt.step()
+    xs, ys = _mine(x), _mine(y)
+    half = len(xs) // 2 or 1
+    parts = [(xs[:half], ys[:half]), (xs[half:], ys[half:])]
+    for px, py in parts:
+        loss = torch.nn.functional.mse_loss(model(px), py, reduction="sum") / len(xs) / 3
+        booster.backward(loss, opt)
+    opt.step()
+    got = model.state_dict(only_rank_0=False) if name == "gemini" else model.unwrap().state_dict()
+    return _max_diff(got, ref.state_dict())
+
+
+def fsdp_checkpoint(rank: int, directory: str) -> dict:
+    """TorchFSDPPlugin through the Booster's checkpoint methods (the general checkpoint
+    I/O's files, gathered whole): save after two steps, load into a fresh boosted model
+    and optimizer, and the next step is the same as without stopping."""
+    data = batches(3)
+
+    def setup():
+        model = mlp()
+        booster = Booster(plugin=TorchFSDPPlugin())
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        model, opt, *_ = booster.boost(model, opt)
+        return booster, model, opt
+
+    def step(booster, model, opt, x, y):
+        booster.backward(torch.nn.functional.mse_loss(model(_mine(x)), _mine(y)), opt)
+        opt.step()
+        opt.zero_grad()
+
+    booster, model, opt = setup()
+    for x, y in data[:2]:
+        step(booster, model, opt, x, y)
+    booster.save_model(model, f"{directory}/model", shard=True)
+    booster.save_optimizer(opt, f"{directory}/optimizer", shard=True)
+    b2, m2, o2 = setup()
+    b2.load_model(m2, f"{directory}/model")
+    b2.load_optimizer(o2, f"{directory}/optimizer")
+    loaded = _max_diff(m2.state_dict(), model.state_dict())
+    states = _state_diff(o2.state_dict(), opt.state_dict())
+    step(booster, model, opt, *data[2])
+    step(b2, m2, o2, *data[2])
+    return {
+        "loaded": loaded,
+        "states": states,
+        "next": _max_diff(m2.state_dict(), model.state_dict()),
+    }
+
+
+def dataloader_order(rank: int, setting: int) -> dict:
+    """prepare_dataloader: ColossalAI's sampler (DistributedSampler at its own seed) and
+    the worker seed."""
+    from torch.utils.data import DistributedSampler, TensorDataset
+
+    data = TensorDataset(torch.arange(20))
+    plugin = TorchDDPPlugin()
+    loader = plugin.prepare_dataloader(data, batch_size=3, shuffle=True, drop_last=True)
+    got = [int(i) for (b,) in loader for i in b]
+    w = comm.get_world()
+    want = list(DistributedSampler(data, num_replicas=w.world_size, rank=w.rank, shuffle=True))
+    n = len(want) // 3 * 3
+    return {
+        "same": got == [int(data[i][0]) for i in want[:n]],
+        "rank": plugin.rank,
+        "size": plugin.world_size,
+    }
+
+
+def mixed(rank: int, setting: tuple[str, object]) -> object:
+    """One process group for several kinds of check: (worker name, its setting)."""
+    kind, arg = setting
+    return globals()[kind](rank, arg)
