@@ -64,10 +64,31 @@ def test_booster_hands_every_checkpoint_call_to_the_plugins_io():
     booster.load_optimizer("o", "ckpt/optim")
     booster.save_lr_scheduler("s", "ckpt/sched.json")
     booster.load_lr_scheduler("s", "ckpt/sched.json")
-    io.save_model.assert_called_once_with("m", "ckpt/model", True, True, None, 7, True)
-    io.load_model.assert_called_once_with("m", "ckpt/model", False)
-    io.save_optimizer.assert_called_once_with("o", "ckpt/optim", True, True, None, 3)
-    io.load_optimizer.assert_called_once_with("o", "ckpt/optim", None, 1024)
+    io.save_model.assert_called_once_with(
+        "m",
+        "ckpt/model",
+        shard=True,
+        gather_dtensor=True,
+        prefix=None,
+        size_per_shard=7,
+        use_safetensors=False,
+        use_async=False,
+    )
+    io.load_model.assert_called_once_with(
+        "m", "ckpt/model", strict=False, low_cpu_mem_mode=True, num_threads=1
+    )
+    io.save_optimizer.assert_called_once_with(
+        "o",
+        "ckpt/optim",
+        shard=True,
+        gather_dtensor=True,
+        prefix=None,
+        size_per_shard=3,
+        use_async=False,
+    )
+    io.load_optimizer.assert_called_once_with(
+        "o", "ckpt/optim", low_cpu_mem_mode=True, num_threads=1
+    )
     io.save_lr_scheduler.assert_called_once_with("s", "ckpt/sched.json")
     io.load_lr_scheduler.assert_called_once_with("s", "ckpt/sched.json")
 

@@ -41,7 +41,6 @@ ROOT = Path(__file__).resolve().parents[2]
             "use placement_policy='static' to choose it",
         ),
         (lambda: GeminiPlugin(offload_optim_frac=1.5), ValueError, "optim_frac=1.5; expected 0 <="),
-        (lambda: GeminiPlugin(shard_param_frac=0.5), NotImplementedError, "use 1.0"),
         (
             lambda: LowLevelZeroPlugin(precision="fp8"),
             ValueError,

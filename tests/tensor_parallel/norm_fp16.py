@@ -240,7 +240,10 @@ class Fp16SkipCase:
             errors.append(f"resume: loss scale {fresh_opt.loss_scale}, saved {opt.loss_scale}")
         comm.barrier()
         if comm.get_world().rank == 0:
-            shutil.rmtree(path, ignore_errors=True)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.exists(path):  # an unsharded optimizer save is one file
+                os.remove(path)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,9 @@ _LAZY_SUBMODULES = (
     "interface",
     "logging",
     "utils",
+    "nn",
+    "lazy",
+    "checkpoint_io",
 )
 # ColossalAI's entry points (colossalai.launch, ...), from megalith.initialize on first use.
 _ENTRY_POINTS = (

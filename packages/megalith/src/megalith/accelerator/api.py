@@ -50,5 +50,6 @@ def get_accelerator() -> BaseAccelerator:
     """The process's accelerator, chosen by auto_set_accelerator on first use."""
     if _ACCELERATOR is None:
         auto_set_accelerator()
-    assert _ACCELERATOR is not None
+    if _ACCELERATOR is None:  # auto_set_accelerator always sets one; this guards a refactor
+        raise RuntimeError("megalith.accelerator: no accelerator was set; call set_accelerator")
     return _ACCELERATOR

@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
+from ..initialize import launch_from_torch  # noqa: F401  (booster.launch_from_torch: its old place)
 from .checkpoint_io import CheckpointIO
 from .plugin import Plugin, TorchDDPPlugin, plugin_from_name
-from .plugin.base import PRECISIONS, world
+from .plugin.base import PRECISIONS
 
 #: ColossalAI's mixed_precision names megalith runs as another one (with why)
 _RENAMED = {"fp16_apex": ("fp16", "apex's O1 AMP is torch AMP's fp16 autocast with loss scaling")}
@@ -130,7 +131,12 @@ class Booster:
         lr_scheduler: Any = None,
     ) -> tuple[Any, Any, Any, Any, Any]:
         """Wraps what it is given for the plugin; returns (model, optimizer, criterion,
-        dataloader, lr_scheduler), with None where None was given."""
+        dataloader, lr_scheduler), with None where None was given. A model built inside
+        megalith.lazy.LazyInitContext is materialised first."""
+        from ..lazy import LazyInitContext, is_lazy
+
+        if is_lazy(model):
+            LazyInitContext.materialize(model)
         return self.plugin.configure(model, optimizer, criterion, dataloader, lr_scheduler)
 
     def setup(
@@ -318,10 +324,3 @@ def _require_peft() -> None:
         import peft  # noqa: F401
     except ImportError as e:
         raise ImportError("LoRA needs Hugging Face peft: pip install peft") from e
-
-
-def launch_from_torch(seed: int = 1024, verbose: bool = False, **kwargs: Any) -> None:
-    """Sets up the process group from torchrun's (or `megalith run`'s) environment, like
-    colossalai.launch_from_torch, and seeds torch."""
-    world()
-    torch.manual_seed(seed)

@@ -103,17 +103,18 @@ class LazyInitContext:
 
     def __exit__(self, *exc: object) -> None:
         recorder, self._recorder = self._recorder, None
-        assert recorder is not None
+        if recorder is None:
+            raise RuntimeError("LazyInitContext: __exit__ without __enter__")
         recorder.__exit__(*exc)
 
     @staticmethod
     def materialize(module: torch.nn.Module, verbose: bool = False) -> torch.nn.Module:
         """Makes every lazy parameter and buffer of module real, in place; returns module."""
-        entries = [(o, n, t, p) for o, n, t, p in _tensors(module) if _trace_of(t) is not None]
         by_trace: dict[int, tuple[Trace, list]] = {}
-        for entry in entries:
+        for entry in _tensors(module):
             trace = _trace_of(entry[2])
-            assert trace is not None
+            if trace is None:
+                continue
             by_trace.setdefault(id(trace), (trace, []))[1].append(entry)
         total = 0
         for trace, items in by_trace.values():
@@ -129,9 +130,10 @@ class LazyInitContext:
                     _replace(owner, name, new, is_param)
                 total += value.numel() * value.element_size()
         if verbose:
+            entries = [t for _, items in by_trace.values() for _, _, t, _ in items]
             print(
                 f"LazyInitContext.materialize: {len(entries)} tensors, "
-                f"{total / 2**20:.1f} MiB on {sorted({str(t.device) for _, _, t, _ in entries})}"
+                f"{total / 2**20:.1f} MiB on {sorted({str(t.device) for t in entries})}"
             )
         return module
 

@@ -142,7 +142,8 @@ def model_view(checkpoint: str | Path) -> Iterator[Path]:
         with _links(links) as view:
             yield view
         return
-    assert single is not None
+    if single is None:
+        raise FileNotFoundError("no model checkpoint file was found to load")
     if single.name == "model.safetensors":
         yield single.parent
         return
