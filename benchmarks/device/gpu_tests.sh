@@ -21,7 +21,7 @@ GPU_TESTS=${GPU_TESTS:-"tests/engine/test_memory.py tests/engine/test_errors.py
   tests/comm/test_engine_gpu.py tests/comm/test_engine.py tests/zero/test_gpu.py
   tests/zero/test_visit.py tests/offload/test_gpu.py
   tests/offload/test_auto.py::test_auto_placement_on_gpu tests/pipeline/test_gpu.py
-  tests/cli/test_env.py"}
+  tests/cli/test_env.py tests/colossalai/test_gpu.py"}
 START=$SECONDS
 FAILED=""
 summary() {
