@@ -259,24 +259,28 @@ class ZeroOptimizer:
         self._end_step()
         return True
 
-    # -- the host tier's visits (OffloadConfig.visit_frac) -------------------------------
+    # -- a tier's device visits (megalith_offload's host tier: OffloadConfig.visit_frac) ----
+    def _visiting_tier(self) -> Any:
+        """The tier whose chunks visit the device for their update, or None."""
+        return next((t for t in self.tiers if hasattr(t, "visit_frac")), None)
+
     @property
     def visits(self) -> Any:
-        """The host tier's DeviceVisits once a host chunk visited the device, or None."""
-        host = self._tier.get("host")
-        return host.visits if host is not None else None
+        """The visiting tier's DeviceVisits once one of its chunks visited the device."""
+        tier = self._visiting_tier()
+        return tier.visits if tier is not None else None
 
     @property
     def visit_frac(self) -> float:
-        """The fraction of host chunks the device updates (as given, or as chosen)."""
-        host = self._tier.get("host")
-        return host.visit_frac if host is not None else 0.0
+        """The fraction of the visiting tier's chunks the device updates (given or chosen)."""
+        tier = self._visiting_tier()
+        return tier.visit_frac if tier is not None else 0.0
 
     @property
     def visit_timing(self) -> tuple[float, float] | None:
         """visit_frac="auto": the (host, link) seconds per parameter behind the choice."""
-        host = self._tier.get("host")
-        return host.visit_timing if host is not None else None
+        tier = self._visiting_tier()
+        return tier.visit_timing if tier is not None else None
 
     @property
     def _updated_in_backward(self) -> bool:
