@@ -295,10 +295,7 @@ class CheckpointIO(ABC):
         num_threads: int = 1,
     ) -> None:
         """From a directory or an index file in one (any prefix)."""
-        _check_args(low_cpu_mem_mode=low_cpu_mem_mode, num_threads=num_threads)
-        self._before_load()
-        with model_view(checkpoint_index_file) as directory:
-            self.read_model(model, directory, strict)
+        self._load_model_at(model, checkpoint_index_file, strict, low_cpu_mem_mode, num_threads)
 
     def load_unsharded_model(
         self,
@@ -308,9 +305,15 @@ class CheckpointIO(ABC):
         low_cpu_mem_mode: bool = True,
         num_threads: int = 1,
     ) -> None:
+        self._load_model_at(model, checkpoint, strict, low_cpu_mem_mode, num_threads)
+
+    def _load_model_at(
+        self, model: Any, path: str, strict: bool, low_cpu_mem_mode: bool, num_threads: int
+    ) -> None:
+        """Either layout: model_view presents a file, an index or a directory as one."""
         _check_args(low_cpu_mem_mode=low_cpu_mem_mode, num_threads=num_threads)
         self._before_load()
-        with model_view(checkpoint) as directory:
+        with model_view(path) as directory:
             self.read_model(model, directory, strict)
 
     def save_sharded_optimizer(
