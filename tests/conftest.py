@@ -10,6 +10,9 @@ import torch
 
 from megalith import _engine
 
+# Spawned test ranks fork from a server that imported these once (megalith.testing).
+os.environ.setdefault("MEGALITH_TEST_PRELOAD", "torch,megalith_comm,transformers")
+
 RUNNABLE_LEVELS = [lvl for lvl in _engine.simd_levels_compiled() if _engine.cpu_supports(lvl)]
 
 

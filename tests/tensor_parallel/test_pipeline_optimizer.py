@@ -20,15 +20,12 @@ WORLD2 = [
 ZBV_ZERO = Layout(tp=2, pp=2, zero_stage=1, style="zbv")  # GPT-2's tie on one rank
 WORLD4 = [
     ResumeCase(TP2PP2, Layout(pp=2, zero_stage=1, style="zbv")),
-    ResumeCase(TP2PP2, Layout(tp=2, zero_stage=1)),
     ResumeCase(Layout(ddp=True), TP2PP2),
     ResumeCase(Layout(pp=4), ZBV_ZERO, wrong_kind=True),
     ResumeCase(ZBV_ZERO, Layout(pp=4)),
-    ResumeCase(Layout(pp=2, zero_stage=1), Layout(ddp=True), family="llama"),
     ResumeCase(
         Layout(tp=2, zero_stage=1), Layout(pp=2, style="interleaved", chunks=2), family="llama"
     ),
-    ResumeCase(Layout(tp=2, pp=2, style="interleaved", chunks=2), TP2, family="llama"),
     # ZeRO-2 under a pipeline (pp 2 x dp 2), to and from another layout
     ResumeCase(Layout(pp=2, zero_stage=2), Layout(tp=2, zero_stage=2), family="llama"),
     ResumeCase(Layout(tp=2, zero_stage=1), Layout(pp=2, zero_stage=2, style="zbv")),

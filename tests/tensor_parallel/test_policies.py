@@ -17,12 +17,16 @@ from tests.tensor_parallel.ulysses import UlyssesCase
 def cases(world_size: int) -> list[ModelCase]:
     dp = world_size // 2
     out: list = [ErrorCase(tp=world_size)]
-    for source in ("megalith", "hf"):
-        for family in ("gpt2", "llama"):
-            out.append(ModelCase(source, family, dp))
-            out.append(ModelCase(source, family, dp, sp=True))
-    out.append(ModelCase("megalith", "gpt2", dp, gather_logits=False))
-    out.append(ModelCase("hf", "llama", dp, sp=True, gather_logits=False))
+    if world_size == 2:  # every family and switch at tp 2
+        for source in ("megalith", "hf"):
+            for family in ("gpt2", "llama"):
+                out.append(ModelCase(source, family, dp))
+                out.append(ModelCase(source, family, dp, sp=True))
+        out.append(ModelCase("megalith", "gpt2", dp, gather_logits=False))
+        out.append(ModelCase("hf", "llama", dp, sp=True, gather_logits=False))
+    else:  # tp 2 x dp 2: the data-parallel composition, once per source and family
+        out.append(ModelCase("megalith", "gpt2", dp))
+        out.append(ModelCase("hf", "llama", dp, sp=True, gather_logits=False))
     out.append(ModelCase("megalith", "llama", dp, sp=True, checkpointing=True))
     out.append(ModelCase("hf", "gpt2", dp, sp=True, checkpointing=True))
     if world_size == 2:
