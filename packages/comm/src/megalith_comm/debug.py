@@ -10,6 +10,8 @@ the ranks that differ from the majority and what each called, e.g.
     all_reduce(shape [8], float32, op sum)
 
 It costs one small Gloo all-gather per collective: cheap enough to leave on in tests.
+With debug mode off, the always-on check of mismatch.py runs instead (see
+[Note: the always-on mismatch check]).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ DEVICES = ("cpu", "cuda")
 MAGIC = 0x4D47
 MAX_DIMS = 8
 HEADER = 18  # magic, reserved, op, dtype, device, redop, root, ndim, 8 dims, numel, n_sizes
+LABEL = "MEGALITH_COMM_DEBUG=1"
 
 
 def enabled() -> bool:
@@ -123,9 +126,10 @@ def _ranks_text(ranks: Sequence[int]) -> str:
 
 
 def mismatch_message(
-    group_name: str, ranks: Sequence[int], sigs: list[list[int]]
+    group_name: str, ranks: Sequence[int], sigs: list[list[int]], label: str = LABEL
 ) -> tuple[str, tuple[int, ...]] | None:
-    """None when all signatures agree; else (text naming who called what, differing ranks)."""
+    """None when all signatures agree; else (text naming who called what, differing ranks).
+    label: what found it, in parentheses after the group."""
     size = len(ranks)
     classes: dict[tuple[int, ...], list[int]] = {}
     for r, sig in zip(ranks, sigs):
@@ -140,7 +144,7 @@ def mismatch_message(
             if s != ref_sig
         ]
         text = (
-            f"collective mismatch in group {group_name!r} (MEGALITH_COMM_DEBUG=1): "
+            f"collective mismatch in group {group_name!r} ({label}): "
             + "; ".join(others)
             + f" but {_ranks_text(ref_ranks)} called {describe(list(ref_sig), size)}"
         )
@@ -160,17 +164,23 @@ def mismatch_message(
         if bad:
             text = (
                 f"all_to_all split sizes disagree in group {group_name!r} "
-                f"(MEGALITH_COMM_DEBUG=1): " + "; ".join(bad[:8])
+                f"({label}): " + "; ".join(bad[:8])
             )
             return text, tuple(sorted(who))
     return None
 
 
 def check(group: Any, op: str, **fields: Any) -> None:
-    """Counts the collective on the group; in debug mode, verifies that the group agrees on it
-    (raising the same error on every rank)."""
+    """Counts the collective on the group and verifies that the group agrees on it, raising the
+    same error on every rank: in full in debug mode, else by the always-on check (mismatch.py)."""
+    position = group.issued
     group.issued += 1
-    if group.size == 1 or not enabled():
+    if group.size == 1:
+        return
+    if not enabled():
+        from .mismatch import check as cheap_check  # it builds on this module
+
+        cheap_check(group, position, op, fields)
         return
     import torch.distributed as dist
 

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from . import nccl
 from .bootstrap import World, get_world
 from .errors import CommError
+from .mismatch import Agreement
 
 
 class ProcessGroup:
@@ -44,6 +45,7 @@ class ProcessGroup:
         self._nccl: Any = None
         self._nccl_device: torch.device | None = None
         self.issued = 0  # collectives issued on this group (health reports it)
+        self.agreement = Agreement(name)  # the always-on mismatch check's state
         world.groups[name] = self
 
     def __repr__(self) -> str:
