@@ -22,6 +22,7 @@ from megalith.cli.main import build_parser, main
 from megalith.cli.run import plan_launch
 from megalith.launcher.hostfile import LaunchError, filter_hosts, parse_hostfile_text, plan_nodes
 from megalith.launcher.report import Failure, first_failure, summary
+from megalith.launcher.ssh import STARTED
 
 # Every test has a hard limit; the end-to-end ones a larger one (45 s run + teardown).
 pytestmark = pytest.mark.timeout(60)
@@ -244,7 +245,7 @@ def test_hostfile_to_per_host_commands(tmp_path: Path):
         command = launch.command
         assert command[:5] == ["myssh", "-q", "-p", "2222", launch.plan.host]
         words = shlex.split(command[5])
-        assert words[:5] == ["cd", str(tmp_path), "&&", "exec", "env"]
+        assert words[:8] == ["echo", STARTED, "&&", "cd", str(tmp_path), "&&", "exec", "env"]
         env = dict(w.split("=", 1) for w in words[5:] if "=" in w and not w.startswith("-"))
         assert {k: env.get(k) for k in ("PATH", "NCCL_DEBUG", "FOO", "BAR", "PYTHONPATH")} == {
             "PATH": "/bin",

@@ -4,8 +4,20 @@ Each other host runs `python -m megalith run` (the same interpreter path as
 here: clusters share the environment) in this directory, with --nnodes,
 --node_rank, --master_addr and --master_port filled in and the environment
 variables that must travel set on its command line. The ssh command is
-MEGALITH_SSH or --ssh (default "ssh -o BatchMode=yes"); it is called as
+--ssh or MEGALITH_SSH (default "ssh"); it is called as
 `<ssh> [-p PORT] HOST COMMAND`, so a test can put a local shell in its place.
+
+When that command is OpenSSH's ssh, the launcher adds SSH_OPTIONS after the
+user's words: no password prompt (a launch has no terminal to ask on), a
+connect timeout so an unreachable host fails in seconds, and keepalives so a
+node whose network dies is noticed. ssh keeps the first value it gets for an
+option, so the same -o in --ssh wins over these (they in turn win over
+~/.ssh/config; host keys, users and identities stay the config's business).
+
+A node prints STARTED first thing; one that ends without it never ran (ssh
+could not connect or log in), and `unstarted()` says so in one line naming
+the host and ssh's reason, so the launcher can stop at once instead of
+waiting on the other nodes.
 
 A remote node prints its failures as one MARKER line on stderr (see
 report.encode); the forwarding threads here keep those lines and pass every
@@ -19,19 +31,28 @@ ranks that did stop, as after any other failure.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shlex
 import socket
+import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import IO
 
 from megalith.launcher.hostfile import NodePlan
 from megalith.launcher.report import Failure, decode
 
-DEFAULT_SSH = "ssh -o BatchMode=yes"
+DEFAULT_SSH = "ssh"
+SSH_OPTIONS = (
+    "BatchMode=yes",
+    "ConnectTimeout=5",
+    "ServerAliveInterval=5",
+    "ServerAliveCountMax=3",
+)
+STARTED = "MEGALITH_RUN_NODE_STARTED"
 TRAVEL_PREFIXES = ("MEGALITH_", "NCCL_", "CUDA_", "PYTHON")
 TRAVEL_NAMES = ("PATH",)
 
@@ -57,6 +78,8 @@ def travelling_env(environ: Mapping[str, str], extra: Sequence[str] = ()) -> dic
 
 def ssh_prefix(ssh: str | None = None, port: int | None = None) -> list[str]:
     words = shlex.split(ssh or os.environ.get("MEGALITH_SSH") or DEFAULT_SSH)
+    if os.path.basename(words[0]) == "ssh":
+        words += [word for option in SSH_OPTIONS for word in ("-o", option)]
     return words + (["-p", str(port)] if port else [])
 
 
@@ -67,15 +90,14 @@ def remote_command(
     cwd: str,
     python: str = sys.executable,
 ) -> str:
-    """The shell line a remote host runs: cd, then exec megalith run with its env."""
+    """The shell line a remote host runs: STARTED, cd, then exec megalith run with its env."""
     env = dict(env)
     if plan.visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = plan.visible_devices
     assignments = [f"{key}={shlex.quote(value)}" for key, value in sorted(env.items())]
     argv = [python, "-m", "megalith", "run", *run_args]
-    return " ".join(
-        ["cd", shlex.quote(cwd), "&&", "exec", "env", *assignments, *map(shlex.quote, argv)]
-    )
+    words = ["echo", STARTED, "&&", "cd", shlex.quote(cwd), "&&", "exec", "env", *assignments]
+    return " ".join([*words, *map(shlex.quote, argv)])
 
 
 def ssh_command(host: str, command: str, ssh: str | None = None, port: int | None = None):
@@ -100,6 +122,54 @@ def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
+SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
+
+
+def source_address(host: str) -> str | None:
+    """This machine's address towards host (the kernel's route; a UDP connect sends nothing)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((socket.gethostbyname(host), 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return None
+
+
+def interface_with(address: str) -> str | None:
+    """The name of the interface whose IPv4 address is address (None: none, or not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                reply = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, request)
+            except OSError:
+                continue  # no IPv4 address
+            if socket.inet_ntoa(reply[20:24]) == address:
+                return name
+    return None
+
+
+def pin_gloo_interface(master_addr: str | None, environ: MutableMapping[str, str] = os.environ):
+    """Sets GLOO_SOCKET_IFNAME to the interface that reaches master_addr, unless it is set.
+
+    [Note: Gloo's address] Without GLOO_SOCKET_IFNAME each rank tells its peers
+    the address its host name resolves to, which on many hosts (Debian's
+    /etc/hosts, containers) is 127.0.x.x: the ranks of other nodes then connect
+    to themselves and the job fails in init ("Connection refused,
+    remote=[127.0.0.1]"). The interface the kernel routes to node 0 by is the one
+    the other nodes can reach this one on. Returns the name set, or None.
+    """
+    if not master_addr or is_loopback(master_addr) or "GLOO_SOCKET_IFNAME" in environ:
+        return None
+    source = source_address(master_addr)
+    name = interface_with(source) if source and not is_loopback(source) else None
+    if name:
+        environ["GLOO_SOCKET_IFNAME"] = name
+    return name
+
+
 class NodeProcesses:
     """One `megalith run` per node (over ssh, or directly for this machine), started
     together; their output is passed through and their failure reports kept."""
@@ -109,7 +179,8 @@ class NodeProcesses:
         self.procs: dict[str, subprocess.Popen] = {}
         self.failures: list[Failure] = []
         self.last_line: dict[str, str] = {}
-        self._threads: list[threading.Thread] = []
+        self.started: set[str] = set()  # hosts whose command printed STARTED
+        self._threads: dict[str, list[threading.Thread]] = {}
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -126,13 +197,16 @@ class NodeProcesses:
                     target=self._forward, args=(host, stream, sink), daemon=True
                 )
                 thread.start()
-                self._threads.append(thread)
+                self._threads.setdefault(host, []).append(thread)
 
     def _forward(self, host: str, stream: IO[bytes], sink: IO[str]) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace").rstrip("\r\n")
             found = decode(line, host)
             with self._lock:
+                if line == STARTED:
+                    self.started.add(host)
+                    continue
                 if found is not None:
                     self.failures.extend(found)
                     continue
@@ -156,9 +230,27 @@ class NodeProcesses:
                 proc.wait(timeout)  # timeout per node: an upper bound is all we need
         except subprocess.TimeoutExpired:
             return False
-        for thread in self._threads:
-            thread.join(5)
+        for threads in self._threads.values():
+            for thread in threads:
+                thread.join(5)
         return True
+
+    def unstarted(self) -> list[str]:
+        """One line per node that ended before its command ran: the host and ssh's reason."""
+        lines = []
+        for host, proc in self.procs.items():
+            if proc.poll() is None or host in self.started:
+                continue
+            for thread in self._threads.get(host, []):
+                thread.join(2)  # its last lines (ssh's reason) are read by now
+            if host in self.started:
+                continue
+            why = self.last_line.get(host) or f"exit status {proc.returncode}, no output"
+            lines.append(
+                f"cannot start the node on {host}: {why}; check that `ssh {host} true` "
+                "works from here without a prompt (sshd running, key and host key known)"
+            )
+        return lines
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM to the ssh processes still running, SIGKILL after grace seconds."""
