@@ -52,6 +52,11 @@ def run_nodes(nodes: list[tuple[NodePlan, list[str]]]) -> int:
         procs.start()
         while procs.running() and not procs.failed():
             time.sleep(POLL_S)
+        unstarted = procs.unstarted()
+        if unstarted:  # a node never ran (ssh failed): the others would only wait for it
+            procs.stop()
+            _print([f"{PREFIX} error: {line}" for line in unstarted])
+            return 255
         if procs.failed() and not procs.wait(NODE_GRACE_S):
             procs.stop()
             stopped = True
