@@ -32,7 +32,14 @@ from megalith.launcher.hostfile import (
     plan_nodes,
 )
 from megalith.launcher.report import PREFIX
-from megalith.launcher.ssh import is_local, is_loopback, remote_command, ssh_command, travelling_env
+from megalith.launcher.ssh import (
+    is_local,
+    is_loopback,
+    pin_gloo_interface,
+    remote_command,
+    ssh_command,
+    travelling_env,
+)
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -202,5 +209,6 @@ def run(args: argparse.Namespace) -> int:
     from megalith.launcher.nodes import run_here, run_nodes
 
     if len(launches) == 1 and launches[0].command is None:
+        pin_gloo_interface(args.master_addr)  # [Note: Gloo's address] in launcher/ssh.py
         return run_here(launches[0].run_args, launches[0].split, args.report_failures)
     return run_nodes([(launch.plan, launch.command) for launch in launches])
