@@ -292,6 +292,36 @@ def dataloader_order(rank: int, setting: int) -> dict:
     }
 
 
+def released_params(rank: int, _: object) -> dict:
+    """GeminiPlugin outside forward: the user's module's parameters are released, and
+    reading them neither crashes nor passes for values (NaN, shape kept); its forward
+    gathers them again and equals torch's."""
+    ref = mlp()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    booster = Booster(plugin=make_plugin("gemini"))
+    mine = mlp()
+    model, opt, *_ = booster.boost(mine, torch.optim.SGD(mine.parameters(), lr=0.1))
+    x, y = batches(1)[0]
+    torch.nn.functional.mse_loss(ref(x), y).backward()
+    ref_opt.step()
+    booster.backward(torch.nn.functional.mse_loss(model(_mine(x)), _mine(y)), opt)
+    opt.step()
+    user = model.unwrap()
+    shapes = {n: tuple(p.shape) for n, p in user.named_parameters()}
+    want_shapes = {n: tuple(p.shape) for n, p in ref.named_parameters()}
+    all_nan = all(bool(p.float().isnan().all()) for p in user.parameters())
+    with torch.no_grad():
+        out = user(x)
+        again = user(x)
+    return {
+        "shapes": shapes == want_shapes,
+        "nan": all_nan,
+        "forward": float((out - ref(x)).abs().max()),
+        "again": float((again - out).abs().max()),
+        "state": _max_diff(model.state_dict(only_rank_0=False), ref.state_dict()),
+    }
+
+
 def mixed(rank: int, setting: tuple[str, object]) -> object:
     """One process group for several kinds of check: (worker name, its setting)."""
     kind, arg = setting

@@ -131,9 +131,13 @@ def test_world_2_batch_norm_in_half_precision_and_accumulation():
 
 def test_world_3_batch_norm_fsdp_checkpoint_and_dataloader(tmp_path):
     settings = [("batch_norm_half", s) for s in SETTINGS]
+    settings += [("released_params", 0)]
     settings += [("fsdp_checkpoint", str(tmp_path)), ("dataloader_order", 0)]
     results = run_grid(w.mixed, settings, 3, timeout=90)
     _check_batch_norm(results[: len(SETTINGS)])
+    for r in results[-3]:  # Gemini's released parameters, read between steps
+        assert r["shapes"] and r["nan"], r
+        assert r["forward"] < 1e-6 and r["again"] == 0 and r["state"] < 1e-6, r
     for r in results[-2]:
         assert r["loaded"] < 1e-7 and r["states"] < 1e-7 and r["next"] < 1e-6, r
     for rank, r in enumerate(results[-1]):

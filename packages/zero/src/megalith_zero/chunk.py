@@ -30,7 +30,11 @@ Model parameters are views of `full` (`param.data`), so the model computes on
 the chunk's memory directly. [Note: stage 3 storage] At stage 3 `full` is a
 torch storage resized to 0 bytes when released and back when gathered: autograd
 keeps views of parameters it saved for backward, and those stay valid only if
-the gather refills the same storage.
+the gather refills the same storage. A released chunk's parameters are not left
+viewing the empty storage (reading one, `model.unwrap().weight.sum()`, would read
+freed memory and crash the process): each becomes a stride-0 view of one NaN of
+its dtype, so its shape, dtype and device stay right, its values read as NaN and
+a write into it fails; the gather binds the views of `full` again.
 """
 
 from __future__ import annotations
@@ -126,8 +130,7 @@ class FlatChunk:
             offloader.place(self, setup.state_names)
         if trainable and wd == torch.float32 and self.host is None:
             self.master = self.shard
-        for slot, p in zip(spec.slots, params):
-            p.data = self.full[slot.offset : slot.offset + slot.numel].view(slot.shape)
+        self._bind_params()
         if self.stage == 3:
             self.release()
 
@@ -190,6 +193,7 @@ class FlatChunk:
         if self.is_gathered:
             return None
         self._storage.resize_(self._full_bytes)
+        self._bind_params()
         self.memory.gathered.add(self._full_bytes)
         self.is_gathered = True
         if self.params_on_nvme:
@@ -203,9 +207,20 @@ class FlatChunk:
     def release(self) -> None:
         self._gather_input = None
         if self.stage == 3 and self.is_gathered:
+            self._unbind_params()
             self._storage.resize_(0)
             self.memory.gathered.add(-self._full_bytes)
             self.is_gathered = False
+
+    def _bind_params(self) -> None:
+        for slot, p in zip(self.spec.slots, self.params):
+            p.data = self.full[slot.offset : slot.offset + slot.numel].view(slot.shape)
+
+    def _unbind_params(self) -> None:
+        """Released parameters view one NaN, not freed memory ([Note: stage 3 storage])."""
+        nan = torch.full((1,), float("nan"), dtype=self.full.dtype, device=self.full.device)
+        for slot, p in zip(self.spec.slots, self.params):
+            p.data = nan.expand(slot.shape) if slot.shape else nan[0]
 
     # -- gradients ------------------------------------------------------------
     def add_grad(self, index: int, grad: torch.Tensor) -> None:
