@@ -28,10 +28,13 @@ from megalith.launcher.ssh import STARTED
 pytestmark = pytest.mark.timeout(60)
 
 WORKER = """
-import os, sys, torch, torch.distributed as dist
+import os, sys, time, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 total = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(total)
+for part in ("rank %d" % dist.get_rank(), " ok", " %g" % total.item(), "\\n"):
+    sys.stdout.write(part)  # a line in pieces, as print writes under python -u
+    time.sleep(0.15)
 keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
 with open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"]), "w") as f:
     f.write(" ".join(os.environ[k] for k in keys) + " %g" % total.item())
@@ -111,6 +114,8 @@ def job(tmp_path: Path) -> Path:
 def test_two_ranks_on_one_node(job: Path):
     result, _ = megalith_run("--nproc_per_node", "2", "worker.py", "out", cwd=job)
     assert result.returncode == 0, result.stderr
+    # Each rank's line whole, under its prefix, however its pieces interleaved.
+    assert sorted(result.stdout.splitlines()) == ["[rank0]:rank 0 ok 3", "[rank1]:rank 1 ok 3"]
     ranks = read_ranks(job / "out")
     assert sorted(ranks) == [0, 1]
     for rank, (env_rank, world, local, addr, total) in ranks.items():

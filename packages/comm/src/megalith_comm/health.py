@@ -11,6 +11,8 @@ of a world larger than one:
   exception was itself caused by another rank (CommError.remote);
 - when a collective fails, `diagnose()` reads the failure reports; if there are
   none, the heartbeats twice STALE_S apart: a rank whose counter stopped is dead;
+  a rank that stopped beating on this host is looked up by the pid it published
+  (`pid/<rank>`), to tell one stopped by SIGSTOP or a debugger from a dead one;
   if all are alive, a rank of the group that has issued fewer collectives on it is
   stuck before this one (or skipped it). The verdict goes to
   `megalith_comm/culprit` (first writer wins) so that every rank tells the same
@@ -22,6 +24,7 @@ watchdog] for how ranks blocked on it get out).
 
 from __future__ import annotations
 
+import socket
 import sys
 import time
 from datetime import timedelta
@@ -67,6 +70,30 @@ def _progress(store, rank: int, group_name: str) -> int | None:
     return None
 
 
+def _stopped(store, rank: int) -> str:
+    """ "rank R (pid P) is stopped ..." when a rank on this host that stopped beating is
+    stopped by a signal or a debugger ("" otherwise, or when it runs elsewhere)."""
+    key = f"{PREFIX}pid/{rank}"
+    if not store.check([key]):
+        return ""
+    host, _, pid = store.get(key).decode(errors="replace").partition(" ")
+    if host != socket.gethostname() or not pid.isdigit():
+        return ""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return f"rank {rank} (pid {pid}) is stopped (SIGSTOP or a debugger)" if state in "Tt" else ""
+
+
+def _after(world: World, exc: BaseException) -> str:
+    """ " after N s (the collective timeout)" when torch's error is a timeout."""
+    if "timed out" in str(exc).lower() or "timeout" in type(exc).__name__.lower():
+        return f" after {world.timeout:g} s (the collective timeout)"
+    return ""
+
+
 def diagnose(world: World, what: str, exc: BaseException, group: Any = None) -> CommError:
     """A CommError for a failed collective `what` (on `group`), naming the rank(s) behind it."""
     torch_said = f"\n  torch.distributed said: {_first_line(exc)}"
@@ -96,7 +123,12 @@ def diagnose(world: World, what: str, exc: BaseException, group: Any = None) -> 
         else:
             reason = "the rendezvous store is unreachable (the launcher's agent is gone?)"
 
-    message = f"{what} failed on rank {world.rank} of {world.world_size}: {reason}{torch_said}"
+    if getattr(group, "name", None) and "group" not in what:
+        what = f"{what} on group {group.name!r}"
+    message = (
+        f"{what} failed on rank {world.rank} of {world.world_size}{_after(world, exc)}: "
+        f"{reason}{torch_said}"
+    )
     return CommError(message, ranks=ranks, remote=world.rank not in ranks)
 
 
@@ -114,10 +146,13 @@ def _find_culprit(store, world: World, group: Any) -> tuple[str, tuple[int, ...]
         if not failed:
             dead = [r for r in range(world.world_size) if after[r] == before[r] and r != world.rank]
             if dead:
+                known = [_stopped(store, r) for r in dead]
+                if all(known):
+                    return f"{'; '.join(known)}: no heartbeat for {STALE_S:g} s", tuple(dead)
                 who = ", ".join(f"rank {r}" for r in dead)
                 return (
                     f"{who} stopped without reporting an error (no heartbeat for {STALE_S:g} s: "
-                    "killed, crashed in native code, or out of memory)",
+                    "killed, stopped, crashed in native code, or out of memory)",
                     tuple(dead),
                 )
             late = _late(store, world, group)

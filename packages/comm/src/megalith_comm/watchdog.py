@@ -10,11 +10,19 @@ beats the heart also watches: when a failure report appears in the store
 collective for WATCHDOG_GRACE_S, it prints what happened, naming the failed rank,
 and ends the process with exit code 1, as torch's NCCL watchdog does. A rank that
 is not blocked meets the failure at its next collective the normal way.
+
+[Note: the launcher's store is gone] Under `megalith run` (and torchrun) the store
+lives in the launcher's agent, which outlives every rank of a job that ends
+normally. So when the heartbeat loses it, and a fresh connection is refused too,
+the launcher is gone (killed, or its node lost): the rank says so and exits with
+code 1 instead of training on unsupervised. This backs up the parent-death signal
+(launcher/rank_entry.py) for ranks on other nodes and for --run_path ranks.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 import time
@@ -32,6 +40,13 @@ WATCHDOG_GRACE_S = 1.0
 #: the interpreter finalizes is ended as the call returns, inside C++ code that cannot
 #: unwind, and the process aborts ("terminate called without an active exception").
 STORE_CALL_S = 5.0
+#: how long the check that the launcher's store is really gone waits for a connection
+STORE_CHECK_S = 2.0
+
+
+def whoami() -> str:
+    """This process as `pid/<rank>` holds it: "<host> <pid>" (see health._state)."""
+    return f"{socket.gethostname()} {os.getpid()}"
 
 
 class Heartbeat:
@@ -43,6 +58,7 @@ class Heartbeat:
         self._stop = threading.Event()
         # A connection of its own: the main thread may be using world.store.
         self._store = world.store_spec.client(timeout=STORE_CALL_S)
+        self._store.set(f"{PREFIX}pid/{world.rank}", whoami())
         # Not a daemon: it ends by itself once the main thread has (see _run), and the
         # interpreter waits for that before it finalizes (STORE_CALL_S).
         self._thread = threading.Thread(target=self._run, name="megalith_comm-heartbeat")
@@ -65,9 +81,32 @@ class Heartbeat:
                     published = progress
                 if self._store.check([f"{PREFIX}failed_any"]):
                     self._watch()
-            except Exception:  # the store (rank 0) is gone: nothing left to tell
-                return
+            except Exception:  # the store is gone (rank 0, or the launcher: see the Note)
+                if not self._reconnect():
+                    return
             self._stop.wait(HEARTBEAT_S)
+
+    def _reconnect(self) -> bool:
+        """After a failed store call: True with a fresh connection; False when the store
+        is rank 0's (nothing left to tell); the process ends when the launcher's is gone."""
+        spec = self._world.store_spec
+        if spec.host_rank is not None or self._stop.is_set():
+            return False
+        try:  # a bare connect: refused at once when nobody listens (TCPStore would retry)
+            socket.create_connection((spec.addr, spec.port), timeout=STORE_CHECK_S).close()
+            self._store = spec.client(timeout=STORE_CALL_S)
+            return True
+        except Exception as exc:
+            if self._stop.is_set() or not threading.main_thread().is_alive():
+                return False
+            print(
+                f"megalith_comm: rank {self._world.rank} lost {spec.describe()} ({exc}): the "
+                "launcher exited or was killed; exiting with code 1 so that no rank trains on "
+                "without it.",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(1)
 
     def _watch(self) -> None:
         blocked = self._world.blocked

@@ -1,11 +1,17 @@
 """This node's ranks, started and watched by torch.distributed.run's elastic agent.
 
 The launcher hands the agent a torchrun command line (torch.distributed.run.run)
-and adds only what its failure summary needs: each rank's stderr is teed into a
-log directory (a temporary one unless --log_dir is given; kept when a rank fails
-so the summary can point at it), and console lines are prefixed with the
-global rank. Restarts, signal forwarding and tearing the group down when one
-rank dies are the agent's.
+and adds what its failure summary and the ranks' safety need:
+- each rank's stdout and stderr are teed into a log directory (a temporary one
+  unless --log_dir is given; kept when a rank fails so the summary can point at
+  it) and reach the console as whole lines prefixed with the global rank
+  (rank_output);
+- each rank starts through rank_entry.py, which ties it to this process with a
+  parent-death signal (rank_command);
+- a rank that is stopped (SIGSTOP) when the job is stopped is killed at once and
+  reported as hung (stopped_ranks).
+Restarts, signal forwarding and tearing the group down when one rank dies are the
+agent's.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from megalith.launcher import rank_output
+from megalith.launcher.rank_command import through_rank_entry
 from megalith.launcher.report import Failure, from_child_failed, signal_name
-
-PREFIX_TEMPLATE = "[rank${rank}]:"
+from megalith.launcher.stopped_ranks import StoppedRankReaper
 
 
 @dataclass
@@ -52,7 +59,7 @@ def with_log_options(argv: list[str], split: int) -> tuple[list[str], Path, bool
     if not user_dir:
         head += ["--log_dir", str(log_dir)]
     if _option(head, "--tee", "-t", "--redirects", "-r") is None:
-        head += ["--tee", "2"]  # stderr to the console and to <log_dir>/.../stderr.log
+        head += ["--tee", "3"]  # both streams to the console and to <log_dir>/.../*.log
     return head + tail, log_dir, not user_dir
 
 
@@ -62,16 +69,19 @@ def run_local(argv: list[str], split: int, host: str = "") -> Outcome:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    argv, split = through_rank_entry(argv, split)
     argv, log_dir, temporary = with_log_options(argv, split)
     log_dir.mkdir(parents=True, exist_ok=True)
     before = set(log_dir.iterdir())
-    os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", PREFIX_TEMPLATE)
+    rank_output.install()
     outcome = Outcome()
+    reaper = StoppedRankReaper()
     try:
-        torchrun.run(torchrun.parse_args(argv))
+        with reaper:
+            torchrun.run(torchrun.parse_args(argv))
     except ChildFailedError as exc:
         new = sorted((d for d in log_dir.iterdir() if d not in before), key=os.path.getmtime)
-        outcome.failures = from_child_failed(exc, new[-1] if new else None, host)
+        outcome.failures = from_child_failed(exc, new[-1] if new else None, host, reaper.killed)
     except SignalException as exc:
         outcome.error = f"stopped by {signal_name(int(exc.sigval))}"
         outcome.code = 128 + int(exc.sigval)

@@ -14,6 +14,13 @@ rank's stderr (a rank that printed its error and exited wrote before the
 survivors printed theirs). That last key counts only for ranks that exited
 with a code of their own and wrote something: the log of a rank killed by a
 signal says nothing about when it died, so such a rank comes after them.
+
+[Note: megalith's diagnosis] A rank that megalith_comm ends prints a CommError
+naming the rank behind the failure, the collective and its group. A line with
+"CommError" in a rank's stderr is that rank's error, even when more lines
+follow it; and when the first failure left no words of its own (killed by a
+signal, or stopped and killed by the launcher: `hung`), the headline adds what
+a peer's CommError says about it, so megalith's diagnosis is the last line.
 """
 
 from __future__ import annotations
@@ -43,6 +50,13 @@ PEER_LOSS = (
     "timed out",
 )
 _NO_TRACEBACK = "To enable traceback see"
+_COMM_ERROR = re.compile(r"\bCommError(?: \(watchdog\))?: (?P<text>.*)")
+# "<op> on group 'g' failed on rank R of N[ after S s (...)]: <why>" (megalith_comm.health)
+_COMM_PARTS = re.compile(
+    r"(?P<what>.+?) failed on rank (?P<rank>\d+) of \d+(?: after (?P<secs>[\d.]+) s[^:]*)?: "
+    r"(?P<why>.*)"
+)
+HUNG = "stopped (SIGSTOP or a debugger) when the job was stopped, so the launcher killed it"
 
 
 @dataclass
@@ -57,13 +71,24 @@ class Failure:
     stderr_path: str = ""
     timestamp: float = 0.0  # when the agent saw it fail (seconds)
     mtime: float = float("inf")  # last write to its stderr log
+    hung: bool = False  # stopped when the job was stopped; killed by the launcher
+
+    def comm_error(self) -> str:
+        """Its megalith_comm CommError, if its stderr has one (the last)."""
+        for line in reversed([*self.tail, *self.message.splitlines()]):
+            found = _COMM_ERROR.search(line)
+            if found:
+                return "CommError: " + found["text"].strip()
+        return ""
 
     def error(self) -> str:
         """One line: the rank's own words if it left any, else how it died."""
+        if self.hung:
+            return HUNG
         lines = [line for line in self.message.splitlines() if line.strip()]
         lines = lines or [line for line in self.tail if line.strip()]
         if lines:  # without the "[rank0]:" that torch puts before its own tracebacks
-            line = re.sub(r"^\[rank\d+\]:\s*", "", lines[-1].strip())
+            line = self.comm_error() or re.sub(r"^(\[rank\d+\]:\s*)+", "", lines[-1].strip())
             return line if len(line) <= MAX_ERROR else line[: MAX_ERROR - 3] + "..."
         if self.exitcode < 0:
             return f"killed by signal {signal_name(-self.exitcode)}"
@@ -74,7 +99,13 @@ class Failure:
 
     def lost_peer(self) -> bool:
         text = "\n".join([self.message, *self.tail]).lower()
-        return any(pattern in text for pattern in PEER_LOSS)
+        return any(pattern in text for pattern in PEER_LOSS) or bool(self.blamed())
+
+    def blamed(self) -> set[int]:
+        """The other ranks its CommError names as the cause."""
+        parts = _COMM_PARTS.match(self.comm_error().removeprefix("CommError: "))
+        named = {int(r) for r in re.findall(r"\brank (\d+)\b", parts["why"])} if parts else set()
+        return named - {self.rank}
 
     def sort_key(self) -> tuple:
         return (self.stopped_by_agent(), self.lost_peer(), int(self.timestamp), self.mtime)
@@ -109,8 +140,11 @@ def _error_file_message(pf: Any) -> str:
     return "" if _NO_TRACEBACK in str(message) else str(message)
 
 
-def from_child_failed(exc: Any, run_dir: Path | None, host: str = "") -> list[Failure]:
-    """Failures of a ChildFailedError, with the stderr tails found under the agent's run_dir."""
+def from_child_failed(
+    exc: Any, run_dir: Path | None, host: str = "", hung_pids: set[int] | frozenset = frozenset()
+) -> list[Failure]:
+    """Failures of a ChildFailedError, with the stderr tails found under the agent's run_dir;
+    hung_pids: the ranks the launcher killed because they were stopped (stopped_ranks)."""
     failures = []
     for rank, pf in exc.failures.items():
         stderr = stderr_log(run_dir, pf.local_rank) if run_dir else None
@@ -129,6 +163,7 @@ def from_child_failed(exc: Any, run_dir: Path | None, host: str = "") -> list[Fa
                 stderr_path=str(stderr or ""),
                 timestamp=float(pf.timestamp),
                 mtime=mtime,
+                hung=int(pf.pid) in hung_pids,
             )
         )
     return failures
@@ -175,11 +210,29 @@ def summary(failures: list[Failure]) -> list[str]:
             cause = "stopped by the launcher" + (f"; its last line: {cause}" if f.tail else "")
         lines.append(f"{PREFIX} then rank {f.rank} ({_where(f)}) exit code {f.exitcode}: {cause}")
     how = "exit code" if first.exitcode >= 0 else "exit code (signal)"
+    verb = "hung and failed first" if first.hung else "failed first"
     lines.append(
-        f"{PREFIX} rank {first.rank} ({_where(first)}) failed first, {how} {first.exitcode}: "
-        f"{first.error()}"
+        f"{PREFIX} rank {first.rank} ({_where(first)}) {verb}, {how} {first.exitcode}: "
+        f"{first.error()}{_peer_view(first, failures)}"
     )
     return lines
+
+
+def _peer_view(first: Failure, failures: list[Failure]) -> str:
+    """What a peer's CommError says about `first`, when it left no words of its own (see
+    [Note: megalith's diagnosis]): "; rank 0 waited 3 s for it in <op>: <why>"."""
+    if not (first.hung or first.exitcode < 0) or first.comm_error():
+        return ""
+    peers = [f for f in failures if f is not first and f.comm_error()]
+    peers.sort(key=lambda f: (first.rank not in f.blamed(), f.rank))
+    if not peers:
+        return ""
+    peer = peers[0]
+    parts = _COMM_PARTS.match(peer.comm_error().removeprefix("CommError: "))
+    if parts is None or first.rank not in peer.blamed():
+        return f"; rank {peer.rank} reports {peer.comm_error()}"
+    waited = f" {float(parts['secs']):g} s" if parts["secs"] else ""
+    return f"; rank {peer.rank} waited{waited} for it in {parts['what']}: {parts['why']}"
 
 
 def encode(failures: list[Failure]) -> str:
