@@ -57,7 +57,9 @@ def save_lora_as_pretrained(
     state_dict: dict[str, torch.Tensor] | None = None,
 ) -> None:
     peft = _peft()
-    whole = io.whole_module(model)
+    whole = model.unwrap(unwrap_peft=False) if hasattr(model, "unwrap") else model
+    if hasattr(whole, "whole"):  # a pipelined model: the stages' whole module
+        whole = io.whole_module(model)
     if not isinstance(whole, peft.PeftModel):
         raise ValueError(
             f"save_lora_as_pretrained: the model is a {type(whole).__name__}, not a peft "
@@ -67,6 +69,7 @@ def save_lora_as_pretrained(
     full = state_dict if state_dict is not None else full_tensors(io, model)
     if not is_writer():
         return
+    full = _peft_names(whole, full)
     for name, config in whole.peft_config.items():
         out = directory if name == "default" else directory / name
         out.mkdir(parents=True, exist_ok=True)
@@ -75,3 +78,14 @@ def save_lora_as_pretrained(
         config = copy.deepcopy(config)
         config.inference_mode = True
         config.save_pretrained(str(out))
+
+
+def _peft_names(whole: Any, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors under the PeftModel's own names: the model files are keyed by the base
+    model's names (what unwrap() gives), peft's adapter functions by the PeftModel's."""
+    names = {n for n, _ in whole.named_parameters()}
+    if names & set(full):
+        return full
+    base = whole.get_base_model()
+    prefix = next((n + "." for n, m in whole.named_modules() if m is base and n), "")
+    return {prefix + k: v for k, v in full.items()}
