@@ -9,6 +9,8 @@ With one rank there is nothing to synchronise, and DDP would still copy every gr
 into its buckets and all-reduce them (10% of a 1.3B GPT's step on an H200, and a
 bucket-sized copy of the gradients in memory): the model is then wrapped in
 `OneRank`, which keeps DDP's `.module` and `no_sync()` and does nothing else.
+A failure of DDP's own collectives (a peer dead or hung) is raised as megalith_comm's
+CommError naming the rank and the op (ddp_diagnosis.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from megalith.strategy import Strategy
 
 from ..wrappers import ModelWrapper, OptimizerWrapper, _total_norm
 from .base import StrategyPlugin, check_precision, peft_model, warn_non_defaults, world
+from .ddp_diagnosis import BACKWARD, BUILD, FORWARD, count_sync, diagnosed, refuse_meta
 from .dp_plugin_base import DPPluginBase
 
 if TYPE_CHECKING:
@@ -56,11 +59,12 @@ class DDPModel(ModelWrapper):
         self.precision = precision
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self.precision == "fp32":
-            return self.module(*args, **kwargs)
-        device = next(self.module.parameters()).device.type
-        with torch.autocast(device_type=device, dtype=_DTYPE[self.precision]):
-            return self.module(*args, **kwargs)
+        with diagnosed(FORWARD):
+            if self.precision == "fp32":
+                return self.module(*args, **kwargs)
+            device = next(self.module.parameters()).device.type
+            with torch.autocast(device_type=device, dtype=_DTYPE[self.precision]):
+                return self.module(*args, **kwargs)
 
 
 class DDPOptimizer(OptimizerWrapper):
@@ -85,7 +89,9 @@ class DDPOptimizer(OptimizerWrapper):
     def backward(
         self, loss: torch.Tensor, inputs: Any = None, retain_graph: bool = False, **kwargs: Any
     ) -> None:
-        self.scale_loss(loss).backward(inputs=inputs, retain_graph=retain_graph, **kwargs)
+        count_sync(self.model.module)
+        with diagnosed(BACKWARD):
+            self.scale_loss(loss).backward(inputs=inputs, retain_graph=retain_graph, **kwargs)
 
     def backward_by_grad(
         self,
@@ -96,7 +102,9 @@ class DDPOptimizer(OptimizerWrapper):
     ) -> None:
         if self.scaler is not None:
             grad = self.scaler.scale(grad)
-        torch.autograd.backward(tensor, grad, inputs=inputs, retain_graph=retain_graph)
+        count_sync(self.model.module)
+        with diagnosed(BACKWARD):
+            torch.autograd.backward(tensor, grad, inputs=inputs, retain_graph=retain_graph)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss) if self.scaler is not None else loss
@@ -218,6 +226,7 @@ class TorchDDPPlugin(StrategyPlugin, DPPluginBase):
         )
 
     def configure(self, model, optimizer, criterion, dataloader, lr_scheduler):
+        refuse_meta(model)
         w = world()
         user = model
         if w.device.type == "cuda":
@@ -235,7 +244,8 @@ class TorchDDPPlugin(StrategyPlugin, DPPluginBase):
         if w.world_size == 1:
             ddp: torch.nn.Module = OneRank(model)
         else:
-            ddp = torch.nn.parallel.DistributedDataParallel(model, **self.ddp_kwargs)
+            with diagnosed(BUILD):
+                ddp = torch.nn.parallel.DistributedDataParallel(model, **self.ddp_kwargs)
         wrapped = DDPModel(ddp, self.precision, user)
         opt = optimizer
         if optimizer is not None and not isinstance(optimizer, OptimizerWrapper):
