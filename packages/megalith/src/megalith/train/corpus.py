@@ -4,12 +4,15 @@ Tokens are bytes (vocabulary 256): any text trains with no tokenizer to fetch.
 The last 5% of the text is held out for validation. The unigram baseline (the
 entropy of the training bytes, in nats) is what a model that ignores context
 scores; a model that learned anything scores well under it.
+Bytes that are not text (an archive, an image, a model file passed as --data) train too,
+but on noise: each such file gets a warning naming it.
 """
 
 from __future__ import annotations
 
 import gzip
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +21,34 @@ import torch
 BUILTIN = Path(__file__).resolve().parents[1] / "data" / "shakespeare.txt.gz"
 VOCAB = 256
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".text")
+SNIFF_BYTES = 1 << 16  # how much of each file is looked at to tell text from binary
+#: more than this share of a sample that is NUL, other control bytes or invalid UTF-8: binary
+BINARY_SHARE = 0.05
+_CONTROL = bytes(b for b in range(32) if b not in b"\t\n\r\f\v\b\x1b")
+
+
+def binary_share(data: bytes) -> float:
+    """The share of the first SNIFF_BYTES of data that cannot be text."""
+    sample = data[:SNIFF_BYTES]
+    if not sample:
+        return 0.0
+    bad = sum(sample.count(bytes([b])) for b in _CONTROL)
+    text = sample.decode("utf-8", errors="replace")
+    # the cut at SNIFF_BYTES may split one character: not a sign of binary data
+    bad += max(0, text.count("\ufffd") - (1 if len(data) > SNIFF_BYTES else 0))
+    return bad / len(sample)
+
+
+def _warn_if_binary(path: Path, data: bytes) -> None:
+    share = binary_share(data)
+    if share > BINARY_SHARE:
+        warnings.warn(
+            f"--data {path}: {100 * share:.0f}% of its first {min(len(data), SNIFF_BYTES)} bytes "
+            "are not text (NUL or control bytes, or invalid UTF-8): it looks like a binary "
+            "file, and megalith train would learn its bytes as if they were text. Pass text "
+            f"files ({', '.join(TEXT_SUFFIXES)}, or .gz of one) or a folder of them.",
+            stacklevel=3,
+        )
 
 
 @dataclass(frozen=True)
@@ -40,10 +71,14 @@ def _read(path: Path) -> bytes:
             raise FileNotFoundError(
                 f"--data {path}: no text files ({', '.join(TEXT_SUFFIXES)}) under it"
             )
-        return b"\n".join(f.read_bytes() for f in files)
-    if path.suffix == ".gz":
-        return gzip.decompress(path.read_bytes())
-    return path.read_bytes()
+        parts = []
+        for f in files:
+            parts.append(f.read_bytes())
+            _warn_if_binary(f, parts[-1])
+        return b"\n".join(parts)
+    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    _warn_if_binary(path, data)
+    return data
 
 
 def load(data: str | None, min_bytes: int) -> Corpus:
