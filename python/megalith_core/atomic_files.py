@@ -50,6 +50,25 @@ def atomic_rename(src: str | os.PathLike, dst: str | os.PathLike) -> None:
         fsync_directory(src.parent)
 
 
+def write_error(path: Path, error: BaseException) -> OSError:
+    """An OSError naming the file a failed write was for, with the fix for a full disk.
+    (safetensors' writer reports an OSError as its own error type, naming no file.)"""
+    code = getattr(error, "errno", None)
+    text = str(error)
+    if code is None and ("No space left" in text or "StorageFull" in text):
+        code = errno.ENOSPC
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        fix = (
+            f"the filesystem of {path.parent} is full (or over quota): free space there "
+            "or write checkpoints to another directory"
+        )
+    else:
+        fix = "check that the directory exists, is writable and is on a healthy disk"
+    out = OSError(code or errno.EIO, f"writing {path} failed ({text}); {fix}")
+    out.filename = str(path)
+    return out
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yields the temporary path to write `path`'s contents to (by any writer that takes
@@ -60,6 +79,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         fsync_file(tmp)
         atomic_rename(tmp, path)
+    except OSError as e:
+        if getattr(e, "filename", None) == str(path):  # already names it
+            raise
+        raise write_error(path, e) from e
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from .atomic_files import atomic_path, atomic_write_json
+from .atomic_files import atomic_path, atomic_write_json, write_error
+from .file_checks import DamagedCheckpointError, check_safetensors
 
 
 def _st():
@@ -26,7 +27,16 @@ def _st():
 
 
 def safe_open(path: str | os.PathLike) -> Any:
-    return _st()[1](str(path), framework="pt")
+    """safetensors' reader, whose errors about a malformed file name the file."""
+    try:
+        return _st()[1](str(path), framework="pt")
+    except FileNotFoundError:
+        raise DamagedCheckpointError(path, "the file is missing") from None
+    except Exception as e:
+        if type(e).__name__ != "SafetensorError":
+            raise
+        check_safetensors(Path(path))  # says what is wrong, in sizes
+        raise DamagedCheckpointError(path, f"not a readable safetensors file ({e})") from None
 
 
 def atomic_save(
@@ -35,7 +45,12 @@ def atomic_save(
     st, _ = _st()
     with atomic_path(path) as tmp:
         contiguous = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-        st.save_file(contiguous, str(tmp), metadata=metadata)
+        try:
+            st.save_file(contiguous, str(tmp), metadata=metadata)
+        except Exception as e:
+            if type(e).__name__ != "SafetensorError":
+                raise
+            raise write_error(path, e) from e
 
 
 def atomic_json(obj: Any, path: Path) -> None:
@@ -95,17 +110,55 @@ class StreamedFiles:
         atomic_json(index, self.path / f"{self.prefix}.safetensors.index.json")
 
 
+def read_index_file(index: Path, directory: Path | None = None) -> dict[str, str]:
+    """key -> file of an index json, every file checked to lie inside directory (by
+    default the index's own; shard_path)."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except FileNotFoundError:
+        raise
+    except (ValueError, KeyError, TypeError) as e:
+        raise DamagedCheckpointError(index, f"not a readable index ({e!r})") from None
+    for name in dict.fromkeys(weight_map.values()):
+        shard_path(directory or index.parent, name, index)
+    return weight_map
+
+
 def read_index(path: Path, prefix: str) -> dict[str, str] | None:
     """key -> file from <prefix>.safetensors.index.json; None when there is a single
     <prefix>.safetensors; FileNotFoundError when neither exists."""
     index = path / f"{prefix}.safetensors.index.json"
     if index.exists():
-        return json.loads(index.read_text())["weight_map"]
+        return read_index_file(index, path)
     if (path / f"{prefix}.safetensors").exists():
         return None
     raise FileNotFoundError(
         f"{path}: neither {prefix}.safetensors.index.json nor {prefix}.safetensors"
     )
+
+
+def shard_path(directory: Path, name: str, index: Path) -> Path:
+    """directory / name for a file an index names, refused when it is not a plain name
+    inside the checkpoint: absolute, with "..", or (a link) resolving outside both the
+    directory and the directory of the index's own real file (a transformers cache links
+    each file to its blob beside the index's)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{index}: a weight_map entry {name!r} is not a file name")
+    rel = Path(name)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise ValueError(
+            f"{index}: the weight_map entry {name!r} leads out of the checkpoint directory; "
+            "an index may only name files inside its directory (a tampered or foreign "
+            "index: rewrite the entry as a bare file name)"
+        )
+    target = (directory / rel).resolve()
+    roots = {directory.resolve(), index.resolve().parent}
+    if not any(target.is_relative_to(root) for root in roots):
+        raise ValueError(
+            f"{index}: the weight_map entry {name!r} is a link to {target}, outside the "
+            "checkpoint directory; copy the file into the checkpoint instead of linking it"
+        )
+    return directory / rel
 
 
 class TensorReader:

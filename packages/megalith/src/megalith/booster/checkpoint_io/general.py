@@ -33,6 +33,7 @@ from megalith_core.safetensors_files import StreamedFiles, TensorReader, write_t
 
 from . import async_writes
 from .base import CheckpointIO, Writer, is_writer
+from .key_check import check_model_files
 
 
 def named_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -115,25 +116,22 @@ class GeneralCheckpointIO(CheckpointIO):
         return lambda directory, cap: write_tensors(directory, "model", tensors, cap, writer)
 
     def read_model(self, model: Any, directory: Path, strict: bool) -> None:
-        want = named_tensors(self.whole_module(model))
+        whole = self.whole_module(model)
+        want = named_tensors(whole)
+        check_model_files(
+            directory,
+            {k: tuple(t.shape) for k, t in want.items()},
+            strict=strict,
+            known=whole.state_dict(keep_vars=True).keys(),
+            what=type(whole).__name__,
+        )
         mine = self.local_names(model)
         if mine is not None:
             want = {k: t for k, t in want.items() if k in mine}
         with TensorReader(directory, "model") as reader, torch.no_grad():
-            missing = [k for k in want if not reader.has(k)]
-            if missing and strict:
-                raise KeyError(
-                    f"{directory}: missing {missing[:5]}{' ...' if len(missing) > 5 else ''}: "
-                    "a checkpoint of another model?"
-                )
             for k, t in want.items():
                 if reader.has(k):
-                    src = reader.get(k)
-                    if src.shape != t.shape:
-                        raise ValueError(
-                            f"{directory}: {k!r} has shape {list(src.shape)}, the model {list(t.shape)}"
-                        )
-                    t.copy_(src)
+                    t.copy_(reader.get(k))
 
     # -- optimizer ------------------------------------------------------------
     def model_of(self, optimizer: Any) -> Any:

@@ -26,6 +26,7 @@ from ..plugin.hybrid_pipeline import PipelineModel
 from ..plugin.zero import ZeroOptimizerWrapper
 from . import pipeline_stages
 from .general import GeneralCheckpointIO, OptimizerFiles, WholeStates, named_tensors
+from .key_check import check_model_files
 from .tp_layout import tp_layout
 
 
@@ -94,15 +95,23 @@ class HybridParallelCheckpointIO(GeneralCheckpointIO):
         for name, t in whole.state_dict(keep_vars=True).items():
             if wanted is None or name in wanted:
                 names.setdefault(id(t), []).append(name)
+        every = whole.state_dict(keep_vars=True)
+        groups: dict[int, list[str]] = {}
+        for name, t in every.items():
+            groups.setdefault(id(t), []).append(name)
+        check_model_files(  # the full shapes are the files' business: not checked here
+            directory,
+            {g[0]: None for g in groups.values()},
+            strict=strict,
+            aliases={g[0]: g for g in groups.values()},
+            what=type(whole).__name__,
+        )
         with TensorReader(directory, "model") as reader:
             state = {}
             for aliases in names.values():  # a tied tensor is in the files under one of its names
                 stored = next((n for n in aliases if reader.has(n)), None)
                 if stored is not None:
                     state.update({n: reader.get(stored) for n in aliases})
-        missing = [n for aliases in names.values() for n in aliases if n not in state]
-        if missing and strict:
-            raise KeyError(f"{directory}: missing {missing[:5]}: a checkpoint of another model?")
         load_full_state_dict(whole, state, strict=strict and wanted is None)
         return None
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from megalith_core.atomic_files import atomic_write_text
+from megalith_core.safetensors_files import shard_path
 
 
 def is_dtensor_checkpoint(name: str) -> bool:
@@ -30,6 +31,7 @@ class CheckpointIndexFile:
         self.root_path = Path(root_path) if root_path is not None else None
         self.metadata: dict[str, Any] = OrderedDict()
         self.weight_map: dict[str, str] = OrderedDict()
+        self._index_path: Path | None = None
 
     @staticmethod
     def from_file(index_path: str | os.PathLike) -> CheckpointIndexFile:
@@ -43,6 +45,7 @@ class CheckpointIndexFile:
         self.metadata = OrderedDict(data.get("metadata", {}))
         self.weight_map = OrderedDict(data.get("weight_map", {}))
         self.root_path = Path(json_path).absolute().parent
+        self._index_path = Path(json_path)
 
     def _json(self) -> str:
         return json.dumps({"metadata": self.metadata, "weight_map": self.weight_map}, indent=2)
@@ -73,9 +76,16 @@ class CheckpointIndexFile:
             )
         return Path(self.root_path)
 
+    def _index(self) -> Path:
+        """The index file, for errors (its would-be path when built in memory)."""
+        return self._index_path or self._root() / "index.json"
+
     def get_checkpoint_filenames(self) -> tuple[list[str], list[str]]:
-        """(the shard files, the distributed-tensor files): absolute paths, each once, sorted."""
-        files = [str(self._root() / f) for f in sorted(set(self.weight_map.values()))]
+        """(the shard files, the distributed-tensor files): absolute paths, each once, sorted;
+        an entry leading out of the root directory is refused (shard_path)."""
+        root = self._root()
+        names = sorted(set(self.weight_map.values()))
+        files = [str(shard_path(root, f, self._index())) for f in names]
         return (
             [f for f in files if not is_dtensor_checkpoint(f)],
             [f for f in files if is_dtensor_checkpoint(f)],
@@ -96,4 +106,4 @@ class CheckpointIndexFile:
     def get_param_group_filename(self) -> str | None:
         """The absolute path of an optimizer index's param-group file, or None."""
         name = self.metadata.get("param_groups")
-        return str(self._root() / name) if name else None
+        return str(shard_path(self._root(), name, self._index())) if name else None

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from megalith_core.atomic_files import atomic_rename, atomic_write_json
+from megalith_core.safetensors_files import read_index_file, shard_path
 
 from .safetensors_join import OPTIMIZER_META, read_metadata
 
@@ -136,8 +137,8 @@ def model_view(checkpoint: str | Path) -> Iterator[Path]:
         if index.name == "model.safetensors.index.json":
             yield index.parent
             return
-        names = set(json.loads(index.read_text())["weight_map"].values())
-        links = {n: index.parent / n for n in names}
+        names = set(read_index_file(index).values())
+        links = {n: shard_path(index.parent, n, index) for n in names}
         links["model.safetensors.index.json"] = index
         with _links(links) as view:
             yield view

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..plugin.base import require
 from .base import CheckpointIO
+from .key_check import check_model_files
 
 
 def _zero() -> Any:
@@ -37,8 +38,25 @@ class ZeroCheckpointIO(CheckpointIO):
         _zero().save_full(zmodel, directory, max_shard_bytes, layout=self.layout(zmodel))
 
     def read_model(self, model: Any, directory: Path, strict: bool) -> None:
-        """Every parameter must be in the files (strict or not): ZeRO's chunks are whole."""
+        """Every parameter must be in the files (strict or not): ZeRO's chunks are whole.
+        The keys and shapes are checked on every rank first (key_check.py)."""
         zmodel = model.module
+        layout = self.layout(zmodel)
+        params = {
+            s.name: layout.full_shape(s.name, s.shape) for c in zmodel.chunks for s in c.spec.slots
+        }
+        names = zmodel.module.state_dict(keep_vars=True).keys()
+        buffers = {n: None for n, _ in zmodel.module.named_buffers() if n in names}
+        check_model_files(
+            directory,
+            {**buffers, **params},
+            strict=strict,
+            known=names,
+            required=params,
+            what=type(zmodel.module).__name__,
+            why_required="ZeRO's chunks are whole: every parameter must be in the files, "
+            "strict=False or not",
+        )
         _zero().load_full(zmodel, zmodel.optimizer, directory, layout=self.layout(zmodel))
 
     def write_optimizer(self, optimizer: Any, directory: Path, max_shard_bytes: int) -> None:
