@@ -23,10 +23,13 @@ A remote node prints its failures as one MARKER line on stderr (see
 report.encode); the forwarding threads here keep those lines and pass every
 other line through to this terminal.
 
-Stopping a node stops its ssh client. Whether that stops the job on the remote
-host is ssh's business: with a tty (--ssh "ssh -tt") sshd hangs the remote
-command up; without one the remote ranks stop when their collectives lose the
-ranks that did stop, as after any other failure.
+[Note: the lifeline] Each node's stdin is a pipe from this launcher that is
+never written. A node (`megalith run --report-failures`) watches it
+(stop_with_launcher): when it ends, because the launcher stopped the node,
+exited or was killed (even by SIGKILL), or because ssh's connection closed and
+sshd closed the remote command's stdin, the node SIGTERMs itself and its agent
+stops the ranks. So no node trains on after its launcher is gone. A node whose
+network died gets no such word; its ranks stop at the collective timeout.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from __future__ import annotations
 import fcntl
 import os
 import shlex
+import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -170,6 +175,33 @@ def pin_gloo_interface(master_addr: str | None, environ: MutableMapping[str, str
     return name
 
 
+def stop_with_launcher() -> bool:
+    """On a node: SIGTERM this process when stdin, its launcher's lifeline, ends.
+
+    Only when stdin is a pipe or socket (a node's, see [Note: the lifeline]);
+    returns whether it watches."""
+    try:
+        mode = os.fstat(0).st_mode
+    except OSError:
+        return False
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        return False
+
+    def watch() -> None:
+        while True:
+            try:
+                if not os.read(0, 4096):
+                    break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+        os.kill(os.getpid(), signal.SIGTERM)  # the agent stops the ranks
+
+    threading.Thread(target=watch, name="megalith-lifeline", daemon=True).start()
+    return True
+
+
 class NodeProcesses:
     """One `megalith run` per node (over ssh, or directly for this machine), started
     together; their output is passed through and their failure reports kept."""
@@ -187,7 +219,7 @@ class NodeProcesses:
         for host, argv in self.commands.items():
             proc = subprocess.Popen(
                 argv,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,  # [Note: the lifeline]: never written, closed to stop
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
             )
@@ -253,8 +285,10 @@ class NodeProcesses:
         return lines
 
     def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM to the ssh processes still running, SIGKILL after grace seconds."""
+        """Ends each node's lifeline and SIGTERMs its ssh client; SIGKILL after grace seconds."""
         for proc in self.procs.values():
+            if proc.stdin is not None and not proc.stdin.closed:
+                proc.stdin.close()
             if proc.poll() is None:
                 proc.terminate()
         if not self.wait(grace):
