@@ -38,6 +38,7 @@ from megalith.launcher.ssh import (
     pin_gloo_interface,
     remote_command,
     ssh_command,
+    stop_with_launcher,
     travelling_env,
 )
 
@@ -210,5 +211,7 @@ def run(args: argparse.Namespace) -> int:
 
     if len(launches) == 1 and launches[0].command is None:
         pin_gloo_interface(args.master_addr)  # [Note: Gloo's address] in launcher/ssh.py
+        if args.report_failures:  # a node of a multi-host launch: [Note: the lifeline]
+            stop_with_launcher()
         return run_here(launches[0].run_args, launches[0].split, args.report_failures)
     return run_nodes([(launch.plan, launch.command) for launch in launches])
