@@ -34,6 +34,7 @@ needs_network = pytest.mark.skipif(WHY_NOT is not None, reason=f"no namespace ne
 WORKER = Path(__file__).with_name("netns_worker.py")
 COMM_TIMEOUT_S = 4  # MEGALITH_COMM_TIMEOUT of the link-down run
 # Keepalives faster than the launcher's defaults: the dead node's ssh gives up in ~2 s.
+LONG_RUN = ("worker.py", "out", "100000", "0.05")  # steps until stopped
 FAST_KEEPALIVE = "-o ServerAliveInterval=1 -o ServerAliveCountMax=2"
 
 
@@ -88,6 +89,14 @@ def over_ssh(network: Network, *extra: str) -> tuple[str, ...]:
     return ("--hostfile", "hosts", "--ssh", f"ssh -F {network.ssh_config} {' '.join(extra)}")
 
 
+def wait_for_step(proc: subprocess.Popen, job: Path, step: int, timeout: float = 45) -> None:
+    deadline = time.monotonic() + timeout
+    while not (job / "out" / f"step{step}").exists():
+        assert proc.poll() is None, finish(proc, 5).stderr
+        assert time.monotonic() < deadline, f"the job did not reach step {step} in {timeout} s"
+        time.sleep(0.1)
+
+
 def launcher_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("megalith run:")]
 
@@ -127,13 +136,9 @@ def test_two_nodes_of_two_train_like_one_node_of_four(network: Network, job: Pat
 def test_link_down_mid_run_ends_the_job_naming_the_node(network: Network, job: Path):
     args = (*over_ssh(network, FAST_KEEPALIVE), "--nproc_per_node", "1")
     env = {"MEGALITH_COMM_TIMEOUT": str(COMM_TIMEOUT_S)}
-    proc = start(network, job, *args, "worker.py", "out", "100000", "0.05", env=env)
+    proc = start(network, job, *args, *LONG_RUN, env=env)
     try:
-        deadline = time.monotonic() + 45
-        while not (job / "out" / "step2").exists():
-            assert proc.poll() is None, finish(proc, 5).stderr
-            assert time.monotonic() < deadline, "the job made no progress in 45 s"
-            time.sleep(0.1)
+        wait_for_step(proc, job, 2)
         network.set_link(1, up=False)
         cut = time.monotonic()
         result = finish(proc, COMM_TIMEOUT_S + 30)
@@ -164,6 +169,19 @@ def test_node_without_sshd_is_named_in_one_line_within_10_s(network: Network, jo
         "megalith run: error: cannot start the node on 10.77.0.2: ssh: connect to host "
         "10.77.0.2 port 22: Connection refused; check that `ssh 10.77.0.2 true` works"
     ), result.stderr
+
+
+@needs_network
+@pytest.mark.timeout(90)
+def test_launcher_killed_mid_run_leaves_no_rank_on_any_node(network: Network, job: Path):
+    proc = start(network, job, *over_ssh(network), "--nproc_per_node", "1", *LONG_RUN)
+    wait_for_step(proc, job, 2)
+    os.kill(proc.pid, signal.SIGKILL)  # the launcher alone: its ssh clients see stdin end
+    proc.communicate()
+    deadline = time.monotonic() + 5
+    while (left := network.jobs_left()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"still running 5 s after the launcher died: {left}"
 
 
 # -- the launcher's side, without a network ------------------------------------------

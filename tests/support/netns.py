@@ -186,14 +186,21 @@ class Network:
         state = "up" if up else "down"
         _run(["ip", "-n", self.nodes[i].namespace, "link", "set", "eth0", state])
 
-    def kill_jobs(self) -> None:
-        """SIGKILL to every process in the node namespaces but their sshd."""
+    def jobs_left(self) -> dict[str, list[int]]:
+        """namespace -> pids of the processes in it other than its sshd (none: left out)."""
         keep = {node.sshd.pid for node in self.nodes if node.sshd is not None}
+        left = {}
         for namespace in [node.namespace for node in self.nodes] + [self.hub]:
             pids = _run(["ip", "netns", "pids", namespace], check=False).stdout.split()
-            for pid in map(int, pids):
-                if pid not in keep:
-                    _kill(pid)
+            if mine := [pid for pid in map(int, pids) if pid not in keep]:
+                left[namespace] = mine
+        return left
+
+    def kill_jobs(self) -> None:
+        """SIGKILL to every process in the namespaces but the sshd."""
+        for pids in self.jobs_left().values():
+            for pid in pids:
+                _kill(pid)
 
     def close(self) -> None:
         for i in range(len(self.nodes)):
