@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from megalith.launcher.ssh import SSH_OPTIONS, pin_gloo_interface, ssh_prefix
+from megalith.launcher.ssh import SSH_OPTIONS, NodeProcesses, pin_gloo_interface, ssh_prefix
 from tests.support.netns import Network, unavailable
 
 WHY_NOT = unavailable()
@@ -203,3 +204,30 @@ def test_gloo_interface_is_left_alone_for_loopback_or_when_set():
     assert pin_gloo_interface("127.0.0.1", env) is None and env == {}
     env = {"GLOO_SOCKET_IFNAME": "ib0"}
     assert pin_gloo_interface("10.77.0.1", env) is None and env == {"GLOO_SOCKET_IFNAME": "ib0"}
+
+
+NODE = """
+import sys, time
+from megalith.launcher.ssh import stop_with_launcher
+handed = stop_with_launcher(handover=True)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(handed)
+import os; os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(30)
+def test_a_node_reads_its_handover_then_stops_when_its_lifeline_ends(tmp_path: Path):
+    token, got = secrets.token_hex(8), tmp_path / "got"
+    procs = NodeProcesses({"h": [sys.executable, "-c", NODE, str(got)]}, handover=token)
+    procs.start()
+    deadline = time.monotonic() + 15
+    while not got.exists():
+        assert procs.running() and time.monotonic() < deadline, "the node never read its line"
+        time.sleep(0.05)
+    assert got.read_text() == token and token not in " ".join(procs.commands["h"])
+    began = time.monotonic()
+    procs.procs["h"].stdin.close()  # what the node sees when its launcher dies
+    assert procs.wait(5), "the node outlived its lifeline"
+    assert procs.procs["h"].returncode == -signal.SIGTERM and time.monotonic() - began < 5

@@ -30,6 +30,9 @@ exited or was killed (even by SIGKILL), or because ssh's connection closed and
 sshd closed the remote command's stdin, the node SIGTERMs itself and its agent
 stops the ranks. So no node trains on after its launcher is gone. A node whose
 network died gets no such word; its ranks stop at the collective timeout.
+The same pipe can hand each node one line first (NodeProcesses' handover, read
+by stop_with_launcher(handover=True)): a secret such as the store's token goes
+there, inside ssh's encrypted channel, never on a command line.
 """
 
 from __future__ import annotations
@@ -175,17 +178,21 @@ def pin_gloo_interface(master_addr: str | None, environ: MutableMapping[str, str
     return name
 
 
-def stop_with_launcher() -> bool:
+def stop_with_launcher(handover: bool = False) -> str:
     """On a node: SIGTERM this process when stdin, its launcher's lifeline, ends.
 
-    Only when stdin is a pipe or socket (a node's, see [Note: the lifeline]);
-    returns whether it watches."""
+    Only when stdin is a pipe or socket (a node's, see [Note: the lifeline]).
+    handover: first read the one line the launcher hands over (its handover) and
+    return it; "" otherwise, or when stdin is not a lifeline."""
     try:
         mode = os.fstat(0).st_mode
     except OSError:
-        return False
+        return ""
     if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
-        return False
+        return ""
+    line = bytearray()
+    while handover and (byte := os.read(0, 1)) not in (b"", b"\n"):  # unbuffered: one line
+        line += byte
 
     def watch() -> None:
         while True:
@@ -199,15 +206,18 @@ def stop_with_launcher() -> bool:
         os.kill(os.getpid(), signal.SIGTERM)  # the agent stops the ranks
 
     threading.Thread(target=watch, name="megalith-lifeline", daemon=True).start()
-    return True
+    return line.decode()
 
 
 class NodeProcesses:
     """One `megalith run` per node (over ssh, or directly for this machine), started
     together; their output is passed through and their failure reports kept."""
 
-    def __init__(self, commands: dict[str, list[str]]):
+    def __init__(self, commands: dict[str, list[str]], handover: str = ""):
+        if "\n" in handover:
+            raise ValueError("the handover to the nodes is one line: it holds a newline")
         self.commands = commands
+        self.handover = handover  # the line each node reads first ([Note: the lifeline])
         self.procs: dict[str, subprocess.Popen] = {}
         self.failures: list[Failure] = []
         self.last_line: dict[str, str] = {}
@@ -224,6 +234,12 @@ class NodeProcesses:
                 stderr=subprocess.PIPE,
             )
             self.procs[host] = proc
+            if self.handover:
+                try:
+                    proc.stdin.write(self.handover.encode() + b"\n")
+                    proc.stdin.flush()
+                except BrokenPipeError:
+                    pass  # it ended already: unstarted() or failed() tell why
             for stream, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
                 thread = threading.Thread(
                     target=self._forward, args=(host, stream, sink), daemon=True
