@@ -183,7 +183,7 @@ def _loop(run: Run) -> int:
 
     start = 0
     if args.resume:
-        found = state.find(run_dir if args.resume == "auto" else Path(args.resume))
+        found = state.find_intact(run_dir if args.resume == "auto" else Path(args.resume))
         if found is None:
             raise SystemExit(
                 f"megalith train: --resume: no complete checkpoint under {args.resume if args.resume != 'auto' else run_dir}"
@@ -257,9 +257,11 @@ def _loop(run: Run) -> int:
                 run_dir / "checkpoints",
                 step,
                 {"args": {k: v for k, v in vars(args).items() if k != "func"}},
+                use_async=not getattr(args, "sync_save", False),
             )
         if args.stop_after is not None and step == args.stop_after:
             break
+    state.wait_saves()  # the last checkpoint is complete (and any failure named) first
     if bar:
         bar.close()
     if rank == 0:

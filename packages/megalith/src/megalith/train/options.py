@@ -44,6 +44,11 @@ def add_options(p: argparse.ArgumentParser) -> None:
         "--save-every", type=int, default=200, help="checkpoint every N steps (and at the end)"
     )
     p.add_argument(
+        "--sync-save",
+        action="store_true",
+        help="write checkpoints in the step (default: in the background, after a copy to host)",
+    )
+    p.add_argument(
         "--eval-every", type=int, default=100, help="validation every N steps (and at the end)"
     )
     p.add_argument("--eval-batches", type=int, default=8)

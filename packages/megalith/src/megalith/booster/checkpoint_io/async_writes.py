@@ -10,7 +10,13 @@ files it names, so an unfinished save is never taken for a finished one.
 The pending writes belong to the process, not to one CheckpointIO object (the Booster
 asks its plugin for a new one on each call): `wait()` (CheckpointIO.synchronize) waits
 for all of them and raises the first error a write met; every save and load calls it
-first.
+first. A write that fails stops the queue: the writes after it (the index, the
+marker of a finished save, the rename into place) are skipped, so a save that failed
+half way is never published; wait() reports it and clears the queue.
+
+The copy is to pinned host memory for CUDA tensors (asynchronous, then one
+synchronisation before the writer thread may read), so the step stalls only for the
+device-to-host transfer.
 """
 
 from __future__ import annotations
@@ -25,19 +31,59 @@ import torch
 _lock = threading.Lock()
 _pending: list[Future] = []
 _executor: ThreadPoolExecutor | None = None
+_failed: list[BaseException] = []  # the first failure of the current queue
+_unsettled = False  # copies to pinned memory not yet synchronised
 
 
 def snapshot(t: torch.Tensor) -> torch.Tensor:
-    """A host copy of t that nothing else holds (a CPU tensor is copied too)."""
-    return t.detach().to("cpu", copy=True)
+    """A host copy of t that nothing else holds (a CPU tensor is copied too); a CUDA
+    tensor's lands in pinned memory without waiting (settle() waits)."""
+    global _unsettled
+    t = t.detach()
+    if t.is_cuda:
+        out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        out.copy_(t, non_blocking=True)
+        _unsettled = True
+        return out
+    return t.to("cpu", copy=True)
+
+
+def settle() -> None:
+    """The snapshots taken so far are complete (the device-to-host copies are done)."""
+    global _unsettled
+    if _unsettled:
+        torch.cuda.synchronize()
+        _unsettled = False
+
+
+def _guarded(write: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        if _failed:
+            raise RuntimeError(f"skipped: an earlier checkpoint write failed ({_failed[0]})")
+        try:
+            write()
+        except BaseException as e:
+            _failed.append(e)
+            raise
+
+    return run
 
 
 def submit(write: Callable[[], None]) -> None:
     global _executor
+    settle()
     with _lock:
         if _executor is None:
             _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="megalith-ckpt")
-        _pending.append(_executor.submit(write))
+        _pending.append(_executor.submit(_guarded(write)))
+
+
+def after_pending(write: Callable[[], None]) -> None:
+    """write() now when nothing is queued, else queued behind what is (order kept)."""
+    if pending():
+        submit(write)
+    else:
+        write()
 
 
 def pending() -> int:
@@ -56,6 +102,7 @@ def wait() -> None:
             f.result()
         except BaseException as e:  # re-raised below, after all finished
             errors.append(e)
+    _failed.clear()
     if errors:
         raise RuntimeError(f"an asynchronous checkpoint write failed: {errors[0]}") from errors[0]
 

@@ -68,6 +68,25 @@ def barrier() -> None:
         comm.barrier()
 
 
+def agree(error: BaseException | None) -> None:
+    """Collective (a barrier as well): raises on every rank when any rank's error is set,
+    naming the rank and its error (rank 0 writes the files, the others only wait)."""
+    comm = _comm()
+    if comm is None:
+        if error is not None:
+            raise error
+        return
+    import torch.distributed as dist
+
+    errors: list[Any] = [None] * comm.get_world().world_size
+    dist.all_gather_object(errors, None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    rank, text = next(((r, e) for r, e in enumerate(errors) if e), (None, None))
+    if text is not None:
+        raise RuntimeError(f"the checkpoint save failed on rank {rank}: {text}")
+
+
 def shard_bytes(size_per_shard: float) -> int:
     """ColossalAI's size_per_shard (MiB, an int or a float) in bytes."""
     if size_per_shard <= 0:
@@ -200,8 +219,8 @@ class CheckpointIO(ABC):
             )
 
     def save_lr_scheduler(self, lr_scheduler: Any, checkpoint: str) -> None:
-        """Its state_dict as JSON (megalith does not pickle checkpoints), written by rank 0."""
-        async_writes.wait()
+        """Its state_dict as JSON (megalith does not pickle checkpoints), written by rank 0
+        (behind the asynchronous writes still queued: the scheduler is tiny)."""
         if is_writer():
             try:
                 text = json.dumps(lr_scheduler.state_dict())
@@ -211,8 +230,12 @@ class CheckpointIO(ABC):
                     "megalith does not pickle checkpoints"
                 ) from None
             path = Path(checkpoint)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(path, text)
+
+            def write() -> None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(path, text)
+
+            async_writes.after_pending(write)
         barrier()
 
     def load_lr_scheduler(self, lr_scheduler: Any, checkpoint: str) -> None:
@@ -452,9 +475,14 @@ class CheckpointIO(ABC):
         if deferred:
             if writer:
                 async_writes.submit(run)
-        else:
+            barrier()
+            return
+        error = None
+        try:
             run()
-        barrier()
+        except Exception as e:  # every rank raises it below, rather than one rank alone
+            error = e
+        agree(error)
 
     # -- what a plugin's I/O provides -----------------------------------------
     def whole_module(self, model: Any) -> torch.nn.Module:
