@@ -10,12 +10,18 @@ ones (the identity), or tensor-parallel shards (tp_layout.py).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from megalith_core.optimizer_files import hyperparameters
+from megalith_core.safetensors_files import StreamedFiles, atomic_save
+
 from ..plugin.base import require
-from .base import CheckpointIO
+from . import async_writes
+from .base import CheckpointIO, Writer, is_writer
+from .general import OptimizerFiles, write_optimizer_files
 from .key_check import check_model_files
 
 
@@ -63,6 +69,65 @@ class ZeroCheckpointIO(CheckpointIO):
         zopt = optimizer.optim
         layout = self.layout(zopt.model)
         _zero().save_full_optimizer(zopt.model, zopt, directory, max_shard_bytes, layout=layout)
+
+    def capture_model(self, model: Any) -> Writer | None:
+        """use_async: the chunks gathered one at a time (collective, as save_full), the
+        writer keeping host copies of the full tensors; the files are save_full's."""
+        zero, zmodel = _zero(), model.module
+        layout = self.layout(zmodel)
+        writer = layout.writes(zmodel.group)
+        if writer != is_writer():
+            return None  # the files' writer is not the process that publishes them
+        plan = [
+            (s.name, layout.full_numel(s.name, s.numel) * 4)
+            for c in zmodel.chunks
+            for s in c.spec.slots
+        ]
+        tensors = {}
+        for name, t in zero.full_state.iter_full_params(zmodel.chunks, zmodel.group):
+            full = layout.to_full(name, t).float()  # a collective under a tp layout
+            if writer:
+                tensors[name] = async_writes.snapshot(full)
+        persistent = zmodel.module.state_dict(keep_vars=True).keys()
+        buffers = {
+            n: async_writes.snapshot(layout.to_full(n, b.detach()))
+            for n, b in zmodel.module.named_buffers()
+            if n in persistent
+        }
+
+        def write(directory: Path, cap: int) -> None:
+            out = StreamedFiles(directory, "model", plan, cap, write=writer)
+            for name, _ in plan:
+                out.add(name, tensors[name])
+            if writer and buffers:
+                atomic_save(buffers, directory / "buffers.safetensors", metadata={"format": "pt"})
+            out.finish({n: "buffers.safetensors" for n in buffers} if writer else {})
+
+        return write
+
+    def capture_optimizer(self, optimizer: Any) -> Writer | None:
+        """use_async: every full state gathered now (collective, as save_full_optimizer),
+        kept on the writer's host; the files are save_full_optimizer's."""
+        zero, zopt = _zero(), optimizer.optim
+        layout = self.layout(zopt.model)
+        writer = layout.writes(zopt.model.group)
+        if writer != is_writer():
+            return None
+        with zero.offload.resident_states(zopt):
+            zopt.reducer.wait()
+            plan, params = zero.full_optimizer.full_plan(zopt, layout)
+            # full_states yields fresh host tensors: nothing training touches later
+            states = [(k, t) for k, t in zero.full_optimizer.full_states(zopt, layout) if writer]
+        files = OptimizerFiles(
+            plan=plan,
+            params=copy.deepcopy(params),
+            tensors=iter(states),
+            kind=zopt.rule.kind,
+            groups=copy.deepcopy(hyperparameters(zopt.optimizer.param_groups)),
+            loss_scale=copy.deepcopy(zopt.scaler.state_dict()) if zopt.scaler else None,
+            grad_scaler=None,
+        )
+        return lambda directory, cap: write_optimizer_files(files, directory, cap)
 
     def read_optimizer(self, optimizer: Any, directory: Path) -> None:
         """With the loss scale: megalith_zero's load_full_optimizer reads it."""
