@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .errors import CollectiveMismatchError
-from .handle import launch
+from .handle import launch, retire
 
 OPS = ("barrier", "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 REDUCE_OPS = ("sum", "avg", "min", "max", "prod")
@@ -188,6 +188,7 @@ def check(group: Any, op: str, **fields: Any) -> None:
     gathered = torch.empty(group.size * sig.numel(), dtype=torch.int64)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     launch(group, f"{op} (debug signature check)", lambda: gather(gathered, sig, group=group.gloo))
+    retire((sig, gathered))  # see [Note: Gloo works outlive their wait]
     sigs = gathered.view(group.size, -1).tolist()
     found = mismatch_message(group.name, group.ranks, sigs)
     if found is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import ctypes
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,14 +29,33 @@ from . import health
 #: called without an active exception". So the last few waited works stay referenced here,
 #: and are dropped by the main thread: in destroy(), or at exit while the interpreter is
 #: still whole.
+#: That is not enough when something else holds the Gloo group (torch's DDP keeps its
+#: process_group): destroy_process_group() then leaves its worker threads running, and a
+#: worker may still hold the last works when the main thread drops them. So destroy()
+#: only moves them aside (to be dropped at the next destroy, long after), and at exit
+#: they are never freed at all: the process ends with no tensor for a worker to free.
 RETIRED_WORKS = 8
 _retired: collections.deque[Any] = collections.deque(maxlen=RETIRED_WORKS)
+_set_aside: list[Any] = []
+
+
+def retire(*objects: Any) -> None:
+    """Keeps objects a Gloo worker may still reference (works, a synchronous op's tensors)."""
+    _retired.extend(objects)
+
+
+def release_retired() -> None:
+    """Sets the kept works aside (megalith_comm.destroy() calls it), dropping those set
+    aside by the previous call."""
+    _set_aside[:] = list(_retired)
+    _retired.clear()
 
 
 @atexit.register
-def release_retired() -> None:
-    """Drops the works kept after their wait (megalith_comm.destroy() calls it)."""
-    _retired.clear()
+def _keep_retired_at_exit() -> None:
+    kept = [*_set_aside, *_retired]
+    if kept:  # one reference that is never released: nothing of these is freed at exit
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(kept))
 
 
 class StreamWork:

@@ -35,7 +35,7 @@ import torch
 
 from . import debug
 from .errors import CollectiveMismatchError
-from .handle import launch
+from .handle import launch, retire
 
 DEFAULT_EVERY = 16
 HISTORY = 64  # keys kept per group to name the first difference (>= every, see exchange)
@@ -122,6 +122,7 @@ def check(group: Any, position: int, op: str, fields: dict[str, Any]) -> None:
     shape = fields.get("shape")
     what = f"{op}{'' if shape is None else f'(shape {list(shape)})'} on group {group.name!r}"
     launch(group, f"{what} (its mismatch check)", lambda: gather(rows, row, group=group.gloo))
+    retire((row, rows))  # see [Note: Gloo works outlive their wait]
     table = rows.view(group.size, 4).tolist()
     if any(r != table[0] for r in table[1:]):
         text, ranks = _name_difference(group, table)
@@ -153,6 +154,7 @@ def _name_difference(group: Any, table: list[list[int]]) -> tuple[str, tuple[int
     everyone = torch.empty(size * HISTORY * width, dtype=torch.int64)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     launch(group, "mismatch check (history)", lambda: gather(everyone, mine.view(-1), group.gloo))
+    retire((mine, everyone))
     history = [
         {row[0]: row[1:] for row in block if row[0] >= 0}
         for block in everyone.view(size, HISTORY, width).tolist()
