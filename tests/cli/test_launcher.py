@@ -142,7 +142,8 @@ def test_two_hosts_through_replaced_ssh(job: Path):
     result, _ = megalith_run(*args, cwd=job, env=env)
     assert result.returncode == 0, result.stderr
     ranks = read_ranks(job / "out")
-    assert ranks == {0: ["0", "2", "0", "localhost", "3"], 1: ["1", "2", "0", "localhost", "3"]}
+    # MASTER_ADDR: each node's store forwarder (launcher/guarded_store.py), on a loopback address
+    assert ranks == {0: ["0", "2", "0", "127.0.0.2", "3"], 1: ["1", "2", "0", "127.0.0.1", "3"]}
     assert (job / "fake_ssh.sh.hosts").read_text().split() == ["127.0.0.1"]  # node 0 ran here
 
 

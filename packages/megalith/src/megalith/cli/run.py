@@ -211,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
 
     if len(launches) == 1 and launches[0].command is None:
         pin_gloo_interface(args.master_addr)  # [Note: Gloo's address] in launcher/ssh.py
+        token = ""
         if args.report_failures:  # a node of a multi-host launch: [Note: the lifeline]
-            stop_with_launcher()
-        return run_here(launches[0].run_args, launches[0].split, args.report_failures)
+            token = stop_with_launcher(handover=True)  # the store's token (guarded_store)
+        return run_here(launches[0].run_args, launches[0].split, args.report_failures, token)
     return run_nodes([(launch.plan, launch.command) for launch in launches])

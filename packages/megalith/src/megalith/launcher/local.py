@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megalith.launcher import rank_output
+from megalith.launcher import guarded_store, rank_output
 from megalith.launcher.rank_command import through_rank_entry
 from megalith.launcher.report import Failure, from_child_failed, signal_name
 from megalith.launcher.stopped_ranks import StoppedRankReaper
@@ -63,12 +63,15 @@ def with_log_options(argv: list[str], split: int) -> tuple[list[str], Path, bool
     return head + tail, log_dir, not user_dir
 
 
-def run_local(argv: list[str], split: int, host: str = "") -> Outcome:
-    """Runs torchrun's argv (argv[:split] its options, the rest the script and its args)."""
+def run_local(argv: list[str], split: int, host: str = "", token: str = "") -> Outcome:
+    """Runs torchrun's argv (argv[:split] its options, the rest the script and its args);
+    token: the job's store token (default: node 0's, or a new one; see guarded_store)."""
     import torch.distributed.run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    argv, split, _ = guarded_store.guarded_argv(argv, split, token or guarded_store.job_token())
+    guarded_store.register()
     argv, split = through_rank_entry(argv, split)
     argv, log_dir, temporary = with_log_options(argv, split)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -88,6 +91,8 @@ def run_local(argv: list[str], split: int, host: str = "") -> Outcome:
     except Exception as exc:  # rendezvous or agent failure: no rank to blame
         outcome.error = f"the elastic agent failed: {type(exc).__name__}: {exc}"
         outcome.code = 1
+    finally:
+        guarded_store.close_forwarders()
     if temporary and not outcome.failures:
         shutil.rmtree(log_dir, ignore_errors=True)
     return outcome

@@ -11,6 +11,7 @@ reads, so the summary names the first failing rank across all nodes.
 
 from __future__ import annotations
 
+import secrets
 import sys
 import time
 
@@ -30,9 +31,10 @@ def _print(lines: list[str]) -> None:
     sys.stderr.flush()
 
 
-def run_here(argv: list[str], split: int, report: bool = False) -> int:
-    """This node's ranks through the elastic agent; the summary if one failed."""
-    outcome = run_local(argv, split)
+def run_here(argv: list[str], split: int, report: bool = False, token: str = "") -> int:
+    """This node's ranks through the elastic agent; the summary if one failed. token: the
+    job's store token handed over by the launcher of a multi-host run (guarded_store)."""
+    outcome = run_local(argv, split, token=token)
     if outcome.failures:
         # Started by a launcher on node 0 (--report-failures): that one prints the summary.
         _print([encode(outcome.failures)] if report else summary(outcome.failures))
@@ -46,7 +48,9 @@ def run_here(argv: list[str], split: int, report: bool = False) -> int:
 def run_nodes(nodes: list[tuple[NodePlan, list[str]]]) -> int:
     """Starts one process per node, waits, stops the rest once one fails; the summary."""
     rank_of = {plan.host: plan.node_rank for plan, _ in nodes}
-    procs = NodeProcesses({plan.host: command for plan, command in nodes})
+    # Every node's store forwarder signs with this job's token (launcher/guarded_store.py).
+    token = secrets.token_hex(16)
+    procs = NodeProcesses({plan.host: command for plan, command in nodes}, handover=token)
     stopped = False
     try:
         procs.start()
