@@ -77,6 +77,49 @@ def _set_amp(plugin: Plugin, precision: str | None, scaler: dict[str, Any]) -> N
         plugin.set_grad_scaler(**scaler)
 
 
+#: peft's adapter parameters -> the module whose weights they adapt or replace
+_PEFT_ORIGINALS = {
+    "lora_A": "base_layer",
+    "lora_B": "base_layer",
+    "modules_to_save": "original_module",
+}
+
+
+def _lora_base_name(name: str) -> str | None:
+    """peft's name of the weight an adapter parameter adapts or replaces:
+    a.lora_A.<adapter>.weight -> a.base_layer.weight, head.modules_to_save.<adapter>.weight
+    -> head.original_module.weight (None for other parameters)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-2]):
+        if part in _PEFT_ORIGINALS:
+            return ".".join([*parts[:i], _PEFT_ORIGINALS[part], *parts[i + 2 :]])
+    return None
+
+
+def _add_lora_params(model: torch.nn.Module, optimizer: Any) -> None:
+    """Puts each trainable adapter parameter missing from the optimizer into the param
+    group of the weight it adapts, as ColossalAI does for LoRA matrices: the usual script
+    builds the optimizer on model.parameters() before booster.enable_lora adds adapters."""
+    groups = optimizer.param_groups
+    group_of = {id(p): g for g in groups for p in g["params"]}
+    params = dict(model.named_parameters())
+    for name, param in params.items():
+        base = _lora_base_name(name)
+        if base is None or not param.requires_grad or id(param) in group_of:
+            continue
+        group = group_of.get(id(params[base])) if base in params else None
+        if group is None:
+            warnings.warn(
+                f"Booster.boost: adapter parameter {name!r} is in no param group and neither is "
+                f"{base!r}, the weight it adapts, so it is not trained; build the optimizer "
+                "on model.parameters() after booster.enable_lora to train it",
+                stacklevel=3,
+            )
+            continue
+        group["params"].append(param)
+        group_of[id(param)] = group
+
+
 class Booster:
     """ColossalAI's Booster. mixed_precision: None, "fp16", "bf16" (or "fp32"), or a
     MixedPrecision object (megalith.booster.mixed_precision; its `precision` and, for
@@ -137,6 +180,8 @@ class Booster:
 
         if is_lazy(model):
             LazyInitContext.materialize(model)
+        if optimizer is not None and getattr(model, "peft_config", None) is not None:
+            _add_lora_params(model, optimizer)
         return self.plugin.configure(model, optimizer, criterion, dataloader, lr_scheduler)
 
     def setup(
