@@ -35,7 +35,7 @@ import torch
 
 from . import debug
 from .errors import CollectiveMismatchError
-from .handle import launch, retire
+from .handle import Handle, launch, retire
 
 DEFAULT_EVERY = 16
 HISTORY = 64  # keys kept per group to name the first difference (>= every, see exchange)
@@ -121,7 +121,11 @@ def check(group: Any, position: int, op: str, fields: dict[str, Any]) -> None:
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     shape = fields.get("shape")
     what = f"{op}{'' if shape is None else f'(shape {list(shape)})'} on group {group.name!r}"
-    launch(group, f"{what} (its mismatch check)", lambda: gather(rows, row, group=group.gloo))
+    _exchange(
+        group,
+        f"{what} (its mismatch check)",
+        lambda: gather(rows, row, group=group.gloo, async_op=True),
+    )
     retire((row, rows))  # see [Note: Gloo works outlive their wait]
     table = rows.view(group.size, 4).tolist()
     if any(r != table[0] for r in table[1:]):
@@ -130,6 +134,12 @@ def check(group: Any, position: int, op: str, fields: dict[str, Any]) -> None:
         agreement.digest = agreement.name_hash
         agreement.recent.clear()
         raise CollectiveMismatchError(text, ranks=ranks)
+
+
+def _exchange(group: Any, what: str, start: Any) -> None:
+    """Runs the all-gather as a collective's Handle does: while it waits, the watchdog knows
+    this rank is blocked (a peer's failure then ends it at once, [Note: the watchdog])."""
+    Handle(group, what, [launch(group, what, start)]).wait()
 
 
 def _name_difference(group: Any, table: list[list[int]]) -> tuple[str, tuple[int, ...]]:
@@ -153,7 +163,11 @@ def _name_difference(group: Any, table: list[list[int]]) -> tuple[str, tuple[int
         mine[i, 1:] = debug.encode(size, op, **fields)
     everyone = torch.empty(size * HISTORY * width, dtype=torch.int64)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    launch(group, "mismatch check (history)", lambda: gather(everyone, mine.view(-1), group.gloo))
+    _exchange(
+        group,
+        "mismatch check (history)",
+        lambda: gather(everyone, mine.view(-1), group=group.gloo, async_op=True),
+    )
     retire((mine, everyone))
     history = [
         {row[0]: row[1:] for row in block if row[0] >= 0}
