@@ -74,7 +74,8 @@ def test_getting_started_runs_with_only_imports_changed(tmp_path, plugin_cls, pl
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    line = next(x for x in out.stdout.splitlines() if x.startswith("OK"))
+    # megalith run prefixes each rank's lines with [rankN]: (as torchrun's --tee does)
+    line = next(x.split(":", 1)[1] for x in out.stdout.splitlines() if x.startswith("[rank0]:OK"))
     first, last = float(line.split()[2]), float(line.split()[4])
     assert last < first, line
     assert (tmp_path / "ckpt" / "model" / "model.safetensors.index.json").exists()
