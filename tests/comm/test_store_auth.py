@@ -96,3 +96,12 @@ def test_megalith_run_ranks_reach_the_store_only_through_the_forwarder(tmp_path:
     assert result.returncode == 0, result.stderr
     lines = sorted(result.stdout.splitlines())
     assert lines == [f"[rank{r}]:127.0.0.2 {port} refused 3" for r in (0, 1)], result.stdout
+
+
+def test_a_kernel_without_signatures_keeps_torchs_store_and_says_so(monkeypatch, capsys):
+    from megalith.launcher import guarded_store
+
+    monkeypatch.setattr(guarded_store, "signatures_supported", lambda: False)
+    argv = ["--nproc_per_node", "2", "train.py", "--lr", "1"]
+    assert guarded_store.guarded_argv(argv, 2, "token") == (argv, 2, "")
+    assert "no TCP MD5 signatures" in capsys.readouterr().err

@@ -59,6 +59,16 @@ def sign(sock: socket.socket, key: bytes, peer: str | None = None) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, TCP_MD5SIG_EXT, option)
 
 
+def signatures_supported() -> bool:
+    """Whether this kernel takes TCP MD5 signature keys (Linux with TCP_MD5SIG)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sign(sock, md5_key("probe"))
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
 def guarded_listener(addr: str, port: int, key: bytes) -> socket.socket:
     """A listening socket on addr:port only that admits signed connections only."""
     family, kind, proto, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]

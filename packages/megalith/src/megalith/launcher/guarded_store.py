@@ -22,7 +22,12 @@ import socket
 import sys
 from datetime import timedelta
 
-from megalith_comm.store_guard import Forwarder, guarded_listener, md5_key
+from megalith_comm.store_guard import (
+    Forwarder,
+    guarded_listener,
+    md5_key,
+    signatures_supported,
+)
 
 BACKEND = "megalith"
 TOKEN_ENV = "MEGALITH_STORE_TOKEN"
@@ -106,6 +111,12 @@ def guarded_argv(argv: list[str], split: int, token: str) -> tuple[list[str], in
     head, tail = argv[:split], argv[split:]
     backend = _value(head, "--rdzv_backend", "--rdzv-backend") or "static"
     if backend != "static" or "--standalone" in head or _value(head, "--rdzv_conf", "--rdzv-conf"):
+        return argv, split, ""
+    if not signatures_supported():
+        print("megalith run: warning: this kernel has no TCP MD5 signatures (TCP_MD5SIG), so "
+              "the rendezvous store is torch's own, open to any client that reaches it; "
+              "run on a Linux kernel with TCP_MD5SIG or keep the job on a trusted network",
+              file=sys.stderr, flush=True)  # fmt: skip
         return argv, split, ""
     addr = _value(head, "--master_addr", "--master-addr") or "127.0.0.1"
     port = _value(head, "--master_port", "--master-port") or str(free_port(addr))
