@@ -65,6 +65,19 @@ def test_spawn_reports_the_failing_rank_with_its_traceback():
     assert "rank one's own mistake" in str(info.value) and "_rank_one_fails" in str(info.value)
 
 
+def _sleeps(rank, world_size, port):
+    import time
+
+    time.sleep(60)
+
+
+@pytest.mark.timeout(30)
+def test_spawn_fails_a_hung_rank_after_megalith_spawn_timeout(monkeypatch):
+    monkeypatch.setenv("MEGALITH_SPAWN_TIMEOUT", "2")
+    with pytest.raises(DistributedTestError, match=r"timed out after 2 s; rank\(s\) \[0, 1\]"):
+        spawn(_sleeps, 2)
+
+
 def test_spawn_refuses_a_bad_nprocs():
     with pytest.raises(ValueError, match="nprocs=0"):
         spawn(_sum_of_ranks, 0)
