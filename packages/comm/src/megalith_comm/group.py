@@ -12,6 +12,7 @@ not a member gets None back.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -45,7 +46,10 @@ class ProcessGroup:
         self._nccl: Any = None
         self._nccl_device: torch.device | None = None
         self.issued = 0  # collectives issued on this group (health reports it)
-        self.agreement = Agreement(name)  # the always-on mismatch check's state
+        # The always-on mismatch check's state. Its identity is the base name and the
+        # members: unique_name's #n counts the groups this rank holds, which can differ
+        # between the members (each holds only its own groups).
+        self.agreement = Agreement(f"{re.sub(r'#[0-9]+', '', name)}{list(self.ranks)}")
         world.groups[name] = self
 
     def __repr__(self) -> str:
