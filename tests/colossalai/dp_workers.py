@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -320,6 +321,25 @@ def released_params(rank: int, _: object) -> dict:
         "again": float((again - out).abs().max()),
         "state": _max_diff(model.state_dict(only_rank_0=False), ref.state_dict()),
     }
+
+
+def model_alone(rank: int, setting: tuple[str, str]) -> dict:
+    """boost(model) with no optimizer under a ZeRO plugin: forward equals torch's, and
+    save_model writes the model's own values."""
+    from megalith_core.safetensors_files import TensorReader
+
+    name, directory = setting
+    ref = mlp()
+    booster = Booster(plugin=make_plugin(name))
+    model, opt, *_ = booster.boost(mlp())
+    x = batches(1)[0][0]
+    with torch.no_grad():
+        forward = float((model(x) - ref(x)).abs().max())
+    booster.save_model(model, directory, shard=True)
+    comm.barrier()
+    with TensorReader(Path(directory), "model") as reader:
+        saved = {k: reader.get(k) for k in reader.keys()}
+    return {"opt": opt is None, "forward": forward, "saved": _max_diff(saved, ref.state_dict())}
 
 
 def mixed(rank: int, setting: tuple[str, object]) -> object:

@@ -120,13 +120,19 @@ def _check_batch_norm(results: list) -> None:
             assert r["running_mean"] == want, (name, precision, r)
 
 
-def test_world_2_batch_norm_in_half_precision_and_accumulation():
+def test_world_2_batch_norm_in_half_precision_and_accumulation(tmp_path):
     acc = ["gemini", "zero2", "ddp"]
+    alone = ["gemini", "zero2"]
     settings = [("batch_norm_half", s) for s in SETTINGS] + [("accumulation", a) for a in acc]
+    settings += [("model_alone", (a, str(tmp_path / a))) for a in alone]
     results = run_grid(w.mixed, settings, 2, timeout=90)
     _check_batch_norm(results[: len(SETTINGS)])
-    for name, per_rank in zip(acc, results[len(SETTINGS) :]):
+    n = len(SETTINGS) + len(acc)
+    for name, per_rank in zip(acc, results[len(SETTINGS) : n]):
         assert max(per_rank) < 1e-6, (name, per_rank)
+    for name, per_rank in zip(alone, results[n:]):  # boost(model) with no optimizer
+        for r in per_rank:
+            assert r["opt"] and r["forward"] < 1e-6 and r["saved"] == 0.0, (name, r)
 
 
 def test_world_3_batch_norm_fsdp_checkpoint_and_dataloader(tmp_path):

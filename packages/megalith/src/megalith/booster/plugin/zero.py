@@ -92,10 +92,11 @@ class _ZeroPlugin(StrategyPlugin, DPPluginBase):
 
     def configure(self, model, optimizer, criterion, dataloader, lr_scheduler):
         zero = require("megalith_zero", "megalith-zero", type(self).__name__)
-        if optimizer is None:
-            raise ValueError(
-                f"{type(self).__name__}: boost() needs the optimizer (ZeRO shards its states)"
-            )
+        # boost(model) alone (inference, saving, loading, as ColossalAI allows): sharded
+        # as for training under an SGD at lr 0, which has no states; no optimizer comes back.
+        inference = optimizer is None
+        if inference:
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
         if isinstance(optimizer, OptimizerWrapper):
             raise ValueError(
                 f"{type(self).__name__}: boost() got an optimizer boosted already; pass the "
@@ -108,7 +109,9 @@ class _ZeroPlugin(StrategyPlugin, DPPluginBase):
         wrapped = ZeroModelWrapper(zmodel, self.force_outputs_fp32)
         return (
             wrapped,
-            ZeroOptimizerWrapper(zopt, wrapped, self.max_norm, self.only_rank_0),
+            None
+            if inference
+            else ZeroOptimizerWrapper(zopt, wrapped, self.max_norm, self.only_rank_0),
             criterion,
             dataloader,
             lr_scheduler,
