@@ -22,6 +22,7 @@ import socket
 import sys
 from datetime import timedelta
 
+from megalith.launcher.torchrun_argv import option_value
 from megalith_comm.store_guard import (
     Forwarder,
     guarded_listener,
@@ -90,17 +91,6 @@ def close_forwarders() -> None:
         _forwarders.pop().close()
 
 
-def _value(head: list[str], *names: str) -> str | None:
-    value = None
-    for i, arg in enumerate(head):
-        for name in names:
-            if arg == name and i + 1 < len(head):
-                value = head[i + 1]
-            elif arg.startswith(name + "="):
-                value = arg.split("=", 1)[1]
-    return value
-
-
 _DROP = {"--master_addr", "--master-addr", "--master_port", "--master-port", "--rdzv_backend",
          "--rdzv-backend", "--rdzv_endpoint", "--rdzv-endpoint", "--node_rank", "--node-rank"}  # fmt: skip
 
@@ -109,8 +99,12 @@ def guarded_argv(argv: list[str], split: int, token: str) -> tuple[list[str], in
     """(argv, split, where) with the megalith backend in place of static; argv unchanged
     (where "") when the user chose another backend or --standalone."""
     head, tail = argv[:split], argv[split:]
-    backend = _value(head, "--rdzv_backend", "--rdzv-backend") or "static"
-    if backend != "static" or "--standalone" in head or _value(head, "--rdzv_conf", "--rdzv-conf"):
+    backend = option_value(head, "--rdzv_backend", "--rdzv-backend") or "static"
+    if (
+        backend != "static"
+        or "--standalone" in head
+        or option_value(head, "--rdzv_conf", "--rdzv-conf")
+    ):
         return argv, split, ""
     if not signatures_supported():
         print("megalith run: warning: this kernel has no TCP MD5 signatures (TCP_MD5SIG), so "
@@ -118,9 +112,9 @@ def guarded_argv(argv: list[str], split: int, token: str) -> tuple[list[str], in
               "run on a Linux kernel with TCP_MD5SIG or keep the job on a trusted network",
               file=sys.stderr, flush=True)  # fmt: skip
         return argv, split, ""
-    addr = _value(head, "--master_addr", "--master-addr") or "127.0.0.1"
-    port = _value(head, "--master_port", "--master-port") or str(free_port(addr))
-    rank = _value(head, "--node_rank", "--node-rank") or "0"
+    addr = option_value(head, "--master_addr", "--master-addr") or "127.0.0.1"
+    port = option_value(head, "--master_port", "--master-port") or str(free_port(addr))
+    rank = option_value(head, "--node_rank", "--node-rank") or "0"
     kept, skip = [], False
     for arg in head:
         if skip:

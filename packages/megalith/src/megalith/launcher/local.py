@@ -26,6 +26,7 @@ from megalith.launcher import guarded_store, rank_output
 from megalith.launcher.rank_command import through_rank_entry
 from megalith.launcher.report import Failure, from_child_failed, signal_name
 from megalith.launcher.stopped_ranks import StoppedRankReaper
+from megalith.launcher.torchrun_argv import option_value
 
 
 @dataclass
@@ -39,26 +40,14 @@ class Outcome:
         return not self.failures and not self.error
 
 
-def _option(argv: list[str], *names: str) -> str | None:
-    """The value of the last of `names` in a torchrun argv (before the script)."""
-    value = None
-    for i, arg in enumerate(argv):
-        for name in names:
-            if arg == name and i + 1 < len(argv):
-                value = argv[i + 1]
-            elif arg.startswith(name + "="):
-                value = arg.split("=", 1)[1]
-    return value
-
-
 def with_log_options(argv: list[str], split: int) -> tuple[list[str], Path, bool]:
     """argv with --log_dir and --tee added where the user gave none; (argv, log_dir, temp)."""
     head, tail = argv[:split], argv[split:]
-    user_dir = _option(head, "--log_dir", "--log-dir")
+    user_dir = option_value(head, "--log_dir", "--log-dir")
     log_dir = Path(user_dir) if user_dir else Path(tempfile.mkdtemp(prefix="megalith_run_"))
     if not user_dir:
         head += ["--log_dir", str(log_dir)]
-    if _option(head, "--tee", "-t", "--redirects", "-r") is None:
+    if option_value(head, "--tee", "-t", "--redirects", "-r") is None:
         head += ["--tee", "3"]  # both streams to the console and to <log_dir>/.../*.log
     return head + tail, log_dir, not user_dir
 

@@ -114,11 +114,22 @@ def _child(
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     import megalith_comm
 
-    try:
+    def run() -> Any:
         megalith_comm.init(device=device if device == "cpu" else f"cuda:{rank}")
         value = fn(rank, *args)
         megalith_comm.barrier()  # nobody leaves (rank 0 hosts the store) before all are done
-        results.put((rank, "ok", pickle.dumps(value)))
+        return value
+
+    report(rank, run, results)
+
+
+def report(rank: int, run: Callable[[], Any], results: Any) -> None:
+    """Puts run()'s value, or its exception, on the results queue for _collect; then
+    flushes the queue and leaves megalith_comm's world if run() joined it."""
+    import megalith_comm
+
+    try:
+        results.put((rank, "ok", pickle.dumps(run())))
     except BaseException as exc:
         # remote: the error is another rank's failure seen from here (megalith_comm.CommError)
         remote = bool(getattr(exc, "remote", False) or getattr(exc.__cause__, "remote", False))
@@ -126,7 +137,8 @@ def _child(
     finally:
         results.close()
         results.join_thread()
-        megalith_comm.destroy()
+        if megalith_comm.is_initialized():
+            megalith_comm.destroy()
 
 
 def run_distributed(

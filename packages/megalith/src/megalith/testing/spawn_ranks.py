@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import functools
 import os
-import pickle
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .spawn import _collect, _context, free_port, threads_per_rank
+from .spawn import _collect, _context, free_port, report, threads_per_rank
 
 _DEFAULT_TIMEOUT_S = 300.0
 
@@ -59,20 +57,13 @@ def _spawned_rank(
     os.environ.update(env)
     if threads is not None:
         torch.set_num_threads(threads)
-    try:
+
+    def run() -> Any:
         value = target(rank)
         _leave_group()
-        results.put((rank, "ok", pickle.dumps(value)))
-    except BaseException as exc:
-        remote = bool(getattr(exc, "remote", False) or getattr(exc.__cause__, "remote", False))
-        results.put((rank, "error", type(exc).__name__, str(exc), traceback.format_exc(), remote))
-    finally:
-        results.close()
-        results.join_thread()
-        import megalith_comm
+        return value
 
-        if megalith_comm.is_initialized():
-            megalith_comm.destroy()
+    report(rank, run, results)
 
 
 def spawn(func: Callable[..., Any], nprocs: int = 1, **kwargs: Any) -> None:
