@@ -1,0 +1,235 @@
+"""predict(): the step time, throughput, MFU and peak memory of one plan.
+
+step = compute of every micro-batch (forward 1x, backward BACKWARD_FACTOR x, the
+    checkpointed layers' forward again in backward), with a pipeline's bubble from
+    megalith_pipeline's simulator playing the schedule with these pass times
+  + tp all-reduces (2 per layer forward, 2 backward, on the tp group); under sp,
+    Ulysses' all-to-alls (ULYSSES_ALL_TO_ALLS per layer each way)
+  + pp messages (boundary_bytes per micro-batch each way, inside the simulated passes)
+  + the dp gradient reduction that backward does not hide: max(0, comm - DP_OVERLAP x
+    the last micro-batch's backward) (all-reduce at stages 0-1, reduce-scatter at 2-3)
+  + stage 3's parameter all-gathers (forward and backward of every micro-batch), less
+    ZERO3_OVERLAP of the compute they are prefetched under
+  + the optimizer step: on the device, masters and states at memory bandwidth
+    (ADAM_BYTES_PER_PARAM), then stages 1-2 all-gather the updated parameters; the
+    offloaded share on the host (host Adam rate, gradients down and parameters up),
+    pipelined under backward as megalith_offload's HostStepper does (step_in_backward),
+    all but HOST_TAIL of it hidden when backward is long enough.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from . import stages
+from .collectives import collective_time, send_recv_time
+from .compute import BACKWARD_FACTOR, forward_time
+from .knobs import Knobs
+from .memory import Memory, peak_memory, working_bytes
+from .types import BlockCost, Candidate, Cluster, ModelAnalysis
+
+#: Adam's bytes moved per parameter: master, exp_avg, exp_avg_sq read and written (24),
+#: the gradient read and the working parameter written
+ADAM_BYTES_PER_PARAM = 28
+#: the share of the last backward under which the dp reduction hides (its last bucket
+#: cannot): NCCL runs on its own stream; Gloo's threads compete with compute for cores
+DP_OVERLAP = {"nccl": 0.8, "gloo": 0.3}
+#: all-to-alls of one layer's forward under all_to_all sequence parallelism (Ulysses)
+ULYSSES_ALL_TO_ALLS = 4
+#: the share of compute stage 3's prefetched all-gathers hide under
+ZERO3_OVERLAP = {"nccl": 0.8, "gloo": 0.3}
+#: the part of the host step that stays after backward (its last chunks)
+HOST_TAIL = 0.1
+#: stage-time ratios are rounded to this many decimals to share simulations
+_SIM_DECIMALS = 2
+
+
+def predict(
+    analysis: ModelAnalysis,
+    cluster: Cluster,
+    *,
+    dp: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    sp: int = 1,
+    zero_stage: int = 0,
+    offload: str = "none",
+    offload_fraction: float = 0.0,
+    micro_batch: int = 1,
+    num_microbatches: int = 1,
+    ckpt: float = 0.0,
+    schedule: str | None = None,
+    precision: str = "bf16",
+) -> Candidate:
+    """The Candidate of one plan (see the module's docstring). schedule None: '1f1b' for
+    pp > 1, 'none' otherwise."""
+    knobs = Knobs(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        sp=sp,
+        zero_stage=zero_stage,
+        offload=offload,
+        offload_fraction=offload_fraction,
+        micro_batch=micro_batch,
+        num_microbatches=num_microbatches,
+        ckpt=ckpt,
+        schedule=schedule or ("1f1b" if pp > 1 else "none"),
+        precision=precision,
+    )
+    return score(analysis, cluster, knobs)
+
+
+def score(
+    analysis: ModelAnalysis, cluster: Cluster, knobs: Knobs, memory: Memory | None = None
+) -> Candidate:
+    memory = memory or peak_memory(analysis, cluster, knobs)
+    parts = step_parts(analysis, cluster, knobs)
+    step = sum(parts.values())
+    tokens = knobs.sequences_per_step * analysis.seq_len
+    return Candidate(
+        **knobs.fields_without_precision(),
+        predicted_step_s=step,
+        predicted_tokens_per_s=tokens / step,
+        predicted_peak_bytes=memory.device,
+        predicted_mfu=model_flops(analysis, knobs) / (step * knobs.world * peak_rate(cluster)),
+        breakdown=parts,
+    )
+
+
+def model_flops(analysis: ModelAnalysis, knobs: Knobs) -> float:
+    """FLOPs of a step's forward and backward, no recompute (MFU's numerator)."""
+    return (1 + BACKWARD_FACTOR) * analysis.fwd_flops * knobs.sequences_per_step
+
+
+def peak_rate(cluster: Cluster) -> float:
+    """The profile's peak matmul rate (bf16, else fp32): MFU's denominator per device."""
+    rates = cluster.profile.matmul.get("bf16") or cluster.profile.matmul["fp32"]
+    return max(rates.values())
+
+
+def _pass_times(
+    blocks: list[BlockCost], layers: set[int], analysis: ModelAnalysis, cluster: Cluster, k: Knobs
+) -> tuple[float, float, float, float]:
+    """(forward, backward, recompute, tp communication) seconds of one micro-batch on blocks."""
+    prof = cluster.profile
+    fwd = [forward_time(b, k, prof, analysis.seq_len, analysis.hidden) for b in blocks]
+    n_ckpt = round(k.ckpt * sum(id(b) in layers for b in blocks))
+    ckpt = {id(b) for b in blocks if id(b) in layers}
+    ckpt = {i for i in [id(b) for b in blocks if id(b) in ckpt][:n_ckpt]}
+    recompute = sum(f for b, f in zip(blocks, fwd) if id(b) in ckpt)
+    comm = 0.0
+    if k.tp > 1:
+        for b in blocks:
+            nbytes = b.tp_allreduce_bytes * k.micro_batch / k.sp
+            one_pass = 2 * collective_time(cluster, "all_reduce", k.tp, nbytes / 2)
+            comm += one_pass * (3 if id(b) in ckpt else 2)
+    if k.sp > 1:  # Ulysses: q, k, v and the output through an all-to-all each way
+        for b in blocks:
+            if id(b) in layers:
+                nbytes = b.boundary_bytes * k.micro_batch / k.sp
+                one_pass = ULYSSES_ALL_TO_ALLS * collective_time(
+                    cluster, "all_to_all", k.sp, nbytes, k.tp
+                )
+                comm += one_pass * (3 if id(b) in ckpt else 2)
+    return sum(fwd), BACKWARD_FACTOR * sum(fwd), recompute, comm
+
+
+def step_parts(
+    analysis: ModelAnalysis, cluster: Cluster, k: Knobs, *, simulate: bool = True
+) -> dict[str, float]:
+    """Seconds per part of one step (their sum is the step). simulate=False: a lower
+    bound without the simulator (a pipeline's least bubble, none for ZB-V)."""
+    layers = {id(b) for b in analysis.blocks}
+    vstages = stages.virtual_stages(analysis, k.pp * k.chunks)
+    passes = [_pass_times(blocks, layers, analysis, cluster, k) for blocks in vstages]
+    m = k.num_microbatches
+    share = m / k.pp  # each rank's share of every stage's work, over the step
+    parts = {
+        "compute": sum(f + b for f, b, _, _ in passes) * share,
+        "recompute": sum(r for _, _, r, _ in passes) * share,
+        "tp_comm": sum(c for _, _, _, c in passes) * share,
+    }
+    where = stages.placement(k)
+    bwd = [b + r + c / 2 for _, b, r, c in passes]
+    last_bwd = max(sum(bwd[s] for s in range(len(where)) if where[s] == r) for r in range(k.pp))
+    if k.pp > 1 and not simulate and k.schedule != "zbv":  # the least bubble of 1F1B
+        parts["pp_bubble_and_p2p"] = (k.pp - 1) / k.chunks * min(f + b + r for f, b, r, _ in passes)
+    if k.pp > 1 and simulate:
+        boundary = analysis.blocks[0].boundary_bytes * k.micro_batch / k.sp
+        across = cluster.nodes > 1 and k.world // k.pp >= cluster.per_node
+        msg = send_recv_time(cluster, boundary, across)
+        fwd = [f + c / 2 for f, _, _, c in passes]
+        makespan = _pipeline(k, tuple(fwd), tuple(bwd), msg, where)
+        parts["pp_bubble_and_p2p"] = max(0.0, makespan - sum(parts.values()))
+    parts.update(_dp_and_optimizer(analysis, cluster, k, vstages, last_bwd, parts))
+    return parts
+
+
+def _rank_params(analysis: ModelAnalysis, k: Knobs, vstages: list[list[BlockCost]]) -> int:
+    where = stages.placement(k)
+    per_rank = [0] * k.pp
+    for s, blocks in enumerate(vstages):
+        per_rank[where[s]] += sum(b.params - b.tp_params + b.tp_params // k.tp for b in blocks)
+    return max(per_rank)
+
+
+def _dp_and_optimizer(
+    analysis: ModelAnalysis,
+    cluster: Cluster,
+    k: Knobs,
+    vstages: list[list[BlockCost]],
+    last_bwd: float,
+    parts: dict[str, float],
+) -> dict[str, float]:
+    prof = cluster.profile
+    n = _rank_params(analysis, k, vstages)
+    wd = working_bytes(k)
+    stride = k.tp * k.sp
+    overlap = DP_OVERLAP.get(prof.transport, 0.5)
+    out: dict[str, float] = {}
+    if k.dp * k.sp > 1:  # sp ranks hold the same parameters: they reduce with dp
+        op = "all_reduce" if k.zero_stage <= 1 else "reduce_scatter"
+        reduce = collective_time(cluster, op, k.dp * k.sp, n * wd, k.tp)
+        out["dp_reduce"] = max(0.0, reduce - overlap * last_bwd)
+    if k.zero_stage == 3 and k.dp > 1:
+        gather = collective_time(cluster, "all_gather", k.dp, n * wd, stride)
+        hide = ZERO3_OVERLAP.get(prof.transport, 0.5) * parts["compute"]
+        out["zero3_gather"] = max(0.0, 2 * gather * k.num_microbatches - hide)
+    shard = -(-n // k.dp) if k.zero_stage >= 1 else n
+    on_host = shard * k.offload_fraction
+    out["optimizer"] = (shard - on_host) * ADAM_BYTES_PER_PARAM / prof.memory_bandwidth
+    if k.zero_stage in (1, 2) and k.dp > 1:
+        out["param_gather"] = collective_time(cluster, "all_gather", k.dp, n * wd, stride)
+    if on_host:
+        host = on_host / prof.host_adam_params_per_s
+        host += on_host * wd / prof.d2h_bandwidth + on_host * wd / prof.h2d_bandwidth
+        out["host_step"] = max(host * HOST_TAIL, host - last_bwd)
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _simulated(name: str, pp: int, m: int, fwd: tuple, bwd: tuple, comm: float) -> float:
+    from megalith_pipeline.simulator import PassTimes, simulate
+
+    times = [PassTimes(forward=f, backward=b, comm=comm) for f, b in zip(fwd, bwd)]
+    return simulate(stages.schedule(name, pp, m), times).makespan
+
+
+def _pipeline(k: Knobs, fwd: tuple, bwd: tuple, msg: float, where: tuple[int, ...]) -> float:
+    """The makespan of the step's pipeline: simulated for up to SIM_MICROBATCH_CAP x pp
+    micro-batches, each one more adding the busiest rank's per-micro-batch time."""
+    m = k.num_microbatches
+    m_sim = stages.simulated_microbatches(k.pp, m)
+    unit = max(fwd) or 1.0
+    r = _SIM_DECIMALS
+    norm = _simulated(
+        k.schedule,
+        k.pp,
+        m_sim,
+        tuple(round(f / unit, r) for f in fwd),
+        tuple(round(b / unit, r) for b in bwd),
+        round(msg / unit, r),
+    )
+    stage_ids = range(len(where))
+    busy = max(sum(fwd[s] + bwd[s] for s in stage_ids if where[s] == rank) for rank in range(k.pp))
+    return norm * unit + (m - m_sim) * busy

@@ -1,0 +1,155 @@
+"""Peak memory per rank of a plan: model state, activations, and the allocator's slack.
+
+Model state follows megalith_zero.estimate's accounting (resident_state): working
+parameters and gradients, the largest chunk's gradients in flight (stages 2, 3), the
+largest gathered chunk (stage 3), fp32 masters (mixed precision) and Adam's two states,
+the sharded parts divided by dp, on the rank's own parameters (its pipeline stages,
+tensor-parallel weights divided by tp). Where megalith trains over fp32 parameters under
+torch.autocast (DDP, and any pipeline: Strategy.zero_config) the working dtype is fp32
+and autocast keeps a bf16 copy of each weight through the step. For a dp-only ZeRO plan
+with the model at hand, megalith_zero.estimate itself gives the model state (exact).
+
+Activations: a block keeps activation_bytes per sequence (a checkpointed one only its
+boundary_bytes, plus one block's worth while it is recomputed), for the micro-batches a
+schedule keeps in flight (stages.in_flight); tp shards TP_SHARDED_ACTIVATIONS of them,
+sp divides them all. Slack: ALLOCATOR_SLACK of the total and a fixed baseline per device
+kind (BASELINE_BYTES) for what is not tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import stages
+from .knobs import Knobs
+from .types import BlockCost, Cluster, ModelAnalysis
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+#: fp32 bytes per parameter of Adam's two states (exp_avg, exp_avg_sq)
+ADAM_STATE_BYTES = 8
+#: fp32 master copy of a mixed-precision parameter
+MASTER_BYTES = 4
+#: the share of a block's saved activations that tp shards (the projections' inputs and
+#: outputs inside attention and the MLP); norms' inputs and the residual stream stay whole
+TP_SHARDED_ACTIVATIONS = 0.8
+#: ZeRO's reduce bucket at stages 1-2 (Strategy's default chunk, ColossalAI's 12 MiB)
+ZERO_BUCKET_BYTES = 12 << 20
+#: the caching allocator's fragmentation and the temporaries of the largest op
+ALLOCATOR_SLACK = 0.08
+#: not-tensor memory per rank: on CUDA the cuBLAS / NCCL workspaces inside the allocator;
+#: on CPU ranks a process's resident set with torch and megalith imported
+BASELINE_BYTES = {"cuda": 384 << 20, "cpu": 420 << 20}
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per rank, on the busiest rank (the largest total), by kind; host: off-device."""
+
+    params: int
+    grads: int
+    grads_in_flight: int
+    gathered: int
+    optimizer: int
+    activations: int
+    slack: int
+    host: int = 0
+
+    @property
+    def device(self) -> int:
+        return (
+            self.params
+            + self.grads
+            + self.grads_in_flight
+            + self.gathered
+            + self.optimizer
+            + self.activations
+            + self.slack
+        )
+
+
+def working_bytes(knobs: Knobs) -> int:
+    """Bytes of a working parameter: fp32 under autocast (DDP, pipelines), else the precision's."""
+    if knobs.zero_stage == 0 or knobs.pp > 1:
+        return 4
+    return DTYPE_BYTES[knobs.precision]
+
+
+def rank_params(blocks: list[BlockCost], tp: int) -> tuple[int, int]:
+    """(parameters a rank of the tp group holds, of them its largest block's)."""
+    per_block = [b.params - b.tp_params + b.tp_params // tp for b in blocks]
+    return sum(per_block), max(per_block, default=0)
+
+
+def model_state(n: int, largest: int, knobs: Knobs) -> tuple[int, int, int, int, int, int]:
+    """(params, grads, grads in flight, gathered, device optimizer, host optimizer) bytes."""
+    wd = working_bytes(knobs)
+    dp, stage = knobs.dp, knobs.zero_stage
+    mixed = wd < 4
+    states = ADAM_STATE_BYTES + (MASTER_BYTES if mixed else 0)
+    shard = -(-n // dp) if stage >= 1 else n
+    chunk = largest if stage == 3 else min(n, ZERO_BUCKET_BYTES // wd)
+    params = shard * wd if stage == 3 else n * wd
+    grads = n * wd if stage <= 1 else shard * wd
+    in_flight = chunk * wd if stage >= 2 else 0
+    gathered = 2 * largest * wd if stage == 3 else 0  # this block's and the prefetched one
+    host = int(shard * states * knobs.offload_fraction)
+    optimizer = shard * states - host
+    if wd == 4 and knobs.precision != "fp32":
+        params += n * DTYPE_BYTES[knobs.precision]  # autocast's cached low-precision weights
+    return params, grads, in_flight, gathered, optimizer, host
+
+
+def block_activation(block: BlockCost, knobs: Knobs, checkpointed: bool, scale: float) -> float:
+    """Bytes one block keeps for backward per micro-batch."""
+    b = knobs.micro_batch / knobs.sp
+    if checkpointed:
+        return block.boundary_bytes * b * scale
+    kept = TP_SHARDED_ACTIVATIONS / knobs.tp + (1 - TP_SHARDED_ACTIVATIONS)
+    return block.activation_bytes * b * kept * scale
+
+
+def stage_activations(
+    blocks: list[BlockCost], layers: list[BlockCost], knobs: Knobs, scale: float
+) -> tuple[float, float]:
+    """(one micro-batch's kept activations of a virtual stage, its largest recompute);
+    layers: its repeated layers (the ones checkpointing applies to)."""
+    n_ckpt = round(knobs.ckpt * len(layers))
+    ckpt = {id(b) for b in layers[:n_ckpt]}
+    kept = sum(block_activation(b, knobs, id(b) in ckpt, scale) for b in blocks)
+    recompute = max((block_activation(b, knobs, False, scale) for b in layers[:n_ckpt]), default=0)
+    return kept, recompute
+
+
+def peak_memory(analysis: ModelAnalysis, cluster: Cluster, knobs: Knobs) -> Memory:
+    """The busiest rank's memory under `knobs` (see the module's docstring)."""
+    vstages = stages.virtual_stages(analysis, knobs.pp * knobs.chunks)
+    where = stages.placement(knobs)
+    scale = DTYPE_BYTES[knobs.precision] / DTYPE_BYTES.get(analysis.param_dtype, 2)
+    ends = (analysis.pre, analysis.post)
+    acts = [
+        stage_activations(
+            blocks, [b for b in blocks if all(b is not e for e in ends)], knobs, scale
+        )
+        for blocks in vstages
+    ]
+    flight = (
+        stages.in_flight(knobs.schedule, knobs.pp, knobs.num_microbatches)
+        if knobs.pp > 1
+        else ((1,),)
+    )
+    baseline = BASELINE_BYTES.get(cluster.profile.device, BASELINE_BYTES["cuda"])
+    best: Memory | None = None
+    for rank in range(knobs.pp):
+        mine = [s for s, r in enumerate(where) if r == rank]
+        blocks = [b for s in mine for b in vstages[s]]
+        n, largest = rank_params(blocks, knobs.tp)
+        p, g, f, q, opt, host = model_state(n, largest, knobs)
+        act = sum(flight[rank][s] * acts[s][0] for s in range(len(vstages)) if where[s] == rank)
+        act += max((acts[s][1] for s in mine), default=0)
+        tensors = p + g + f + q + opt + act
+        slack = int(tensors * ALLOCATOR_SLACK) + baseline
+        m = Memory(p, g, f, q, opt, int(act), slack, host)
+        if best is None or m.device > best.device:
+            best = m
+    assert best is not None
+    return best

@@ -1,0 +1,212 @@
+"""search(): every legal plan of a model on a cluster for a fixed global batch, ranked
+by predicted step time, with a reason for the winner and for each family it beat.
+
+Pruning, so that a 70B model over 1,024 GPUs plans in seconds:
+- a layout (dp, tp, pp, sp) or ZeRO stage whose smallest configuration (micro-batch 1,
+  every layer checkpointed, the most offloaded) does not fit is dropped whole;
+- at one micro-batch size only the first configuration that fits in the order
+  (checkpointing 0, 0.5, 1) x (offload none, then growing shares) is kept: more
+  checkpointing or offloading at the same micro-batch only adds time (dominated);
+- without a pipeline a larger micro-batch needs more memory, so the first one that
+  does not fit ends that loop;
+- a pipeline with fewer micro-batches than stages idles half its ranks: not tried;
+- pipelines are simulated last, in order of a lower bound (their time with the
+  bubble's least for uniform stages, (pp - 1) / chunks passes, none for ZB-V), and only
+  while the bound can still reach the top `top`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import replace
+from typing import Any
+
+from . import explain, space
+from .cost import score, step_parts
+from .knobs import CHUNKS, Knobs
+from .memory import Memory, peak_memory
+from .types import Candidate, Cluster, ModelAnalysis
+
+
+class NoFeasiblePlan(ValueError):
+    """No plan fits. smallest_bytes: the least device memory any legal plan needs;
+    closest: the knobs of that plan, as text."""
+
+    def __init__(self, message: str, smallest_bytes: int = 0, closest: str = "") -> None:
+        super().__init__(message)
+        self.smallest_bytes = smallest_bytes
+        self.closest = closest
+
+
+def search(
+    analysis: ModelAnalysis,
+    cluster: Cluster,
+    *,
+    global_batch_tokens: int,
+    memory_headroom: float = 0.9,
+    top: int = 10,
+    precision: str = "bf16",
+    max_micro_batch: int = space.MAX_MICRO_BATCH,
+    **constraints: Any,
+) -> list[Candidate]:
+    """The `top` fastest plans, best first; the first carries the winner's reason and
+    each rejected family's (Candidate.reason, one per line). constraints: any of
+    space.KNOBS fixed to a value or a tuple of values. NoFeasiblePlan when nothing fits."""
+    unknown = set(constraints) - set(space.KNOBS)
+    if unknown:
+        raise TypeError(
+            f"search: unknown constraint(s) {', '.join(sorted(unknown))}; the knobs are "
+            + ", ".join(space.KNOBS)
+        )
+    constraints = {k: v for k, v in constraints.items() if v is not None}
+    seqs = _sequences(analysis, global_batch_tokens)
+    device = cluster.device_memory_bytes or cluster.profile.device_memory_bytes
+    host = cluster.host_memory_bytes or cluster.profile.host_memory_bytes
+    budget = int(device * memory_headroom)
+    host_budget = int(host * memory_headroom) // cluster.per_node
+    record = explain.Record(budget=budget)
+    pool: list[tuple[float, int, Knobs, Memory]] = []
+    for dp, tp, pp, sp in space.layouts(analysis, cluster, constraints):
+        why = space.why_illegal_layout(analysis, cluster, tp, pp, sp)
+        if why is None and seqs % dp:
+            why = f"dp={dp}: the global batch of {seqs} sequences does not divide by it"
+        if why:
+            record.illegal(why)
+            continue
+        first = "1f1b" if pp > 1 else "none"
+        base = Knobs(dp=dp, tp=tp, pp=pp, sp=sp, schedule=first, precision=precision)
+        for knobs, memory in _fitting(
+            analysis,
+            cluster,
+            base,
+            seqs // dp,
+            budget,
+            host_budget,
+            max_micro_batch,
+            constraints,
+            record,
+        ):
+            bound = sum(step_parts(analysis, cluster, knobs, simulate=False).values())
+            pool.append((bound, len(pool), knobs, memory))
+    if not pool:
+        raise record.no_plan(analysis, cluster, constraints)
+    ranked = _rank(analysis, cluster, pool, top)
+    return explain.annotate(ranked, record, pool, lambda k, m: score(analysis, cluster, k, m))
+
+
+def _sequences(analysis: ModelAnalysis, global_batch_tokens: int) -> int:
+    seq = analysis.seq_len
+    if global_batch_tokens < seq or global_batch_tokens % seq:
+        raise ValueError(
+            f"search: global_batch_tokens={global_batch_tokens} is not a whole number of "
+            f"sequences of {seq} tokens; give a multiple of {seq}"
+        )
+    return global_batch_tokens // seq
+
+
+def _fitting(
+    analysis: ModelAnalysis,
+    cluster: Cluster,
+    base: Knobs,
+    per_rank: int,
+    budget: int,
+    host_budget: int,
+    max_micro_batch: int,
+    constraints: dict[str, Any],
+    record: explain.Record,
+):
+    """(knobs, memory) of every undominated plan of one layout that fits."""
+    hybrid = base.tp * base.pp * base.sp > 1
+    micro = [b for b in space.divisors(per_rank) if b <= max_micro_batch]
+    micro = space.allowed(constraints, "micro_batch", micro)
+    ckpts = space.allowed(constraints, "ckpt", space.CKPT_SHARES)
+    for stage in space.zero_stages(hybrid, constraints):
+        offloads = space.offloads(hybrid, stage, constraints)
+        for schedule in space.schedules(base.pp, constraints):
+            if base.pp * CHUNKS[schedule] > analysis.layers:
+                record.illegal(
+                    f"pp={base.pp} x {CHUNKS[schedule]} chunks of {schedule}: "
+                    f"more stages than the {analysis.layers} layers"
+                )
+                continue
+            if not (micro and ckpts and offloads):
+                continue
+            smallest = _knobs(base, stage, schedule, offloads[-1], micro[0], per_rank, ckpts[-1])
+            if smallest is None or not _fits(
+                analysis, cluster, smallest, budget, host_budget, record
+            ):
+                continue
+            for b in micro:
+                found = False
+                for ckpt in ckpts:
+                    for off in offloads:
+                        k = _knobs(base, stage, schedule, off, b, per_rank, ckpt)
+                        if k is None:
+                            continue
+                        m = _fits(analysis, cluster, k, budget, host_budget, record)
+                        if m is not None:
+                            found = True
+                            yield k, m
+                            break
+                    if found and off == offloads[0]:
+                        break
+                if not found and base.pp == 1:
+                    break
+
+
+def _knobs(
+    base: Knobs,
+    stage: int,
+    schedule: str,
+    off: tuple[str, float],
+    b: int,
+    per_rank: int,
+    ckpt: float,
+) -> Knobs | None:
+    m = per_rank // b
+    if base.pp > 1 and m < base.pp:
+        return None  # fewer micro-batches than stages: half the pipeline idles (dominated)
+    if base.pp > 1 and schedule == "interleaved" and m % base.pp:
+        return None  # interleaving runs micro-batches in groups of pp
+    return replace(
+        base,
+        zero_stage=stage,
+        schedule=schedule,
+        offload=off[0],
+        offload_fraction=off[1],
+        micro_batch=b,
+        num_microbatches=m,
+        ckpt=ckpt,
+    )
+
+
+def _fits(
+    analysis: ModelAnalysis,
+    cluster: Cluster,
+    k: Knobs,
+    budget: int,
+    host_budget: int,
+    record: explain.Record,
+) -> Memory | None:
+    try:
+        m = peak_memory(analysis, cluster, k)
+    except ValueError as e:  # a schedule that cannot run these counts
+        record.illegal(f"{k.schedule} at pp={k.pp}, {k.num_microbatches} micro-batches: {e}")
+        return None
+    if m.device > budget or m.host > host_budget:
+        record.too_big(k, m)
+        return None
+    return m
+
+
+def _rank(analysis: ModelAnalysis, cluster: Cluster, pool: list, top: int) -> list[Candidate]:
+    """Exact scores in order of the lower bound, until the bound passes the top-th best."""
+    best: list[tuple[float, int, Candidate]] = []  # a max-heap of the top, by -step
+    for bound, i, knobs, memory in sorted(pool, key=lambda e: (e[0], e[1])):
+        if len(best) >= top and bound > -best[0][0]:
+            break
+        c = score(analysis, cluster, knobs, memory)
+        heapq.heappush(best, (-c.predicted_step_s, i, c))
+        if len(best) > top:
+            heapq.heappop(best)
+    return [c for _, _, c in sorted(best, key=lambda e: (-e[0], e[1]))]

@@ -1,0 +1,77 @@
+"""Which blocks each pipeline rank holds, and how many micro-batches' activations each
+rank keeps at once under a schedule (from the schedule's pass order itself).
+
+Layers are cut into pp * chunks contiguous virtual stages as evenly as they go (the
+first stages take one more when they do not divide); the embedding ("pre") joins the
+first virtual stage and the head ("post") the last. Virtual stage s runs on the rank
+megalith_pipeline places it on (interleaved: s % pp; ZB-V: the V over the ranks).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .knobs import PIPELINE_NAMES, Knobs
+from .types import BlockCost, ModelAnalysis
+
+#: micro-batches simulated at most (as a multiple of pp): past it a pipeline is in its
+#: steady state, so more micro-batches add their per-micro-batch time and nothing else
+SIM_MICROBATCH_CAP = 2
+
+
+def virtual_stages(analysis: ModelAnalysis, stages: int) -> list[list[BlockCost]]:
+    """The blocks of each virtual stage, pre and post included."""
+    n = len(analysis.blocks)
+    base, extra = divmod(n, stages)
+    out: list[list[BlockCost]] = []
+    start = 0
+    for s in range(stages):
+        size = base + (1 if s < extra else 0)
+        out.append(list(analysis.blocks[start : start + size]))
+        start += size
+    out[0].insert(0, analysis.pre)
+    out[-1].append(analysis.post)
+    return out
+
+
+def placement(knobs: Knobs) -> tuple[int, ...]:
+    """The rank of each virtual stage."""
+    pp, chunks = knobs.pp, knobs.chunks
+    if knobs.schedule == "zbv":
+        return tuple(range(pp)) + tuple(reversed(range(pp)))
+    return tuple(s % pp for s in range(pp * chunks))
+
+
+def simulated_microbatches(pp: int, m: int) -> int:
+    return min(m, SIM_MICROBATCH_CAP * pp)
+
+
+@lru_cache(maxsize=512)
+def schedule(name: str, pp: int, m: int):  # -> megalith_pipeline.schedule.Schedule
+    from megalith_pipeline.schedules import make_schedule
+
+    return make_schedule(PIPELINE_NAMES[name], pp, m)
+
+
+@lru_cache(maxsize=512)
+def in_flight(name: str, pp: int, m: int) -> tuple[tuple[int, ...], ...]:
+    """Per rank, per virtual stage: the micro-batches whose forward has run and whose
+    backward has not finished (weight gradient included) at that rank's worst moment,
+    counting every stage's activation alike."""
+    from megalith_pipeline.schedule import BACKWARD, FORWARD, WEIGHT_GRAD
+
+    sched = schedule(name, pp, simulated_microbatches(pp, m))
+    stages = sched.num_stages
+    peaks = []
+    for r in range(pp):
+        live = [0] * stages
+        best, best_live = -1, list(live)
+        for a in sched.orders[r]:
+            if a.kind == FORWARD:
+                live[a.stage] += 1
+            elif a.kind in (BACKWARD, WEIGHT_GRAD):
+                live[a.stage] -= 1
+            if sum(live) > best:
+                best, best_live = sum(live), list(live)
+        peaks.append(tuple(best_live))
+    return tuple(peaks)
