@@ -201,7 +201,7 @@ def shard(
     numel = chunk_numel_for(
         [p.numel() for _, p, _ in params], config.chunk_bytes, element, group.size
     )
-    layout = plan(params, group.size, numel)
+    layout = plan(params, group.size, numel, config.shard_each_param)
     # Budgets are checked before the first collective: a bad one fails on every rank alike.
     budget = auto_budget(config, layout, device)
     memory = StateMemory(device)

@@ -47,6 +47,10 @@ class ZeroConfig:
         is reduced, gathered and stepped as one flat buffer). 0 picks the size that
         wastes the fewest padding bytes (the engine's search) between 1 MiB and an
         eighth of the model (at most 64 MiB, at least the largest parameter).
+    shard_each_param: every parameter is a chunk of its own, so a rank's shard of every
+        parameter is its equal slice (padded to world * 16 elements): ColossalAI's
+        LowLevelZero partition. One reduction per parameter (chunk_bytes is unused);
+        the numbers are the same.
     prefetch: stage 3: how many chunks ahead of the running module are gathered.
     keep_gathered_bytes: stage 3: up to this many bytes of gathered chunks stay gathered
         from their use in forward to their use in backward instead of being freed and
@@ -83,6 +87,7 @@ class ZeroConfig:
     precision: str | torch.dtype | None = "fp32"
     reduce_dtype: str | torch.dtype | None = None
     chunk_bytes: int = 0
+    shard_each_param: bool = False
     prefetch: int = 1
     keep_gathered_bytes: int = 0
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)

@@ -133,8 +133,14 @@ def plan(
     params: Sequence[tuple[str, torch.Tensor, int]],
     world: int,
     chunk_numel: int,
+    shard_each_param: bool = False,
 ) -> Layout:
     """params: (name, parameter, param group) in model order.
+
+    shard_each_param: every parameter is a chunk of its own, so each rank's shard
+    is its equal slice of every parameter (ColossalAI's LowLevelZero partition,
+    which its users read through the optimizer's master parameters); one reduction
+    per parameter instead of per chunk.
 
     Walking the model in order, each param group keeps one open chunk; a
     parameter that does not fit closes it. Chunks are then numbered by their
@@ -162,7 +168,9 @@ def plan(
 
     for index, (name, p, group) in enumerate(params):
         n = p.numel()
-        if group in open_ and round_up(fill[group], ALIGN_ELEMENTS) + n > chunk_numel:
+        if group in open_ and (
+            shard_each_param or round_up(fill[group], ALIGN_ELEMENTS) + n > chunk_numel
+        ):
             close(group)
         start = round_up(fill.get(group, 0), ALIGN_ELEMENTS)
         open_.setdefault(group, []).append(Slot(index, name, tuple(p.shape), start))

@@ -13,6 +13,7 @@ stage-3 gather hooks) -> the wrappers the Booster hands back (zero_wrappers.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,7 +23,9 @@ from megalith.strategy import Strategy, ZeroTuning, colossal_loss_scale
 from ..wrappers import OptimizerWrapper
 from .base import StrategyPlugin, check_precision, peft_model, require, warn_non_defaults, world
 from .dp_plugin_base import DPPluginBase
-from .zero_wrappers import ZeroModelWrapper, ZeroOptimizerWrapper
+from .gemini_model import GeminiDDP
+from .zero_optimizers import GeminiOptimizer, LowLevelZeroOptimizer
+from .zero_wrappers import ZeroModelWrapper, ZeroOptimizerWrapper  # noqa: F401  (imported from here)
 
 if TYPE_CHECKING:
     from ..checkpoint_io import CheckpointIO
@@ -66,6 +69,11 @@ class _ZeroPlugin(StrategyPlugin, DPPluginBase):
     force_outputs_fp32 = False
     #: ColossalAI's optimizer state_dict default (GeminiOptimizer gathers on rank 0 only)
     only_rank_0 = False
+    tp_size = 1
+    extra_dp_size = 1
+    #: the classes boost() hands back (ColossalAI's names: zero_optimizers.py)
+    model_class: type = ZeroModelWrapper
+    optimizer_class: type = LowLevelZeroOptimizer
 
     @property
     def stage(self) -> int:
@@ -105,13 +113,24 @@ class _ZeroPlugin(StrategyPlugin, DPPluginBase):
         w = world()
         model = model.to(w.device)
         cast_buffers(model, self.precision)
-        zmodel, zopt = zero.shard(model, optimizer, self.zero_config())
-        wrapped = ZeroModelWrapper(zmodel, self.force_outputs_fp32)
+        mesh, parallel, layout = None, None, None
+        if self.tp_size > 1:
+            from .gemini_tp import shard_tensor_parallel
+
+            mesh, parallel = shard_tensor_parallel(
+                model, optimizer, self.tp_size, self.extra_dp_size
+            )
+        kw = dict(mesh=mesh, axis="dp", model_parallel=parallel) if mesh is not None else {}
+        zmodel, zopt = zero.shard(model, optimizer, self.zero_config(), **kw)
+        if mesh is not None:
+            from ..checkpoint_io.tp_layout import tp_layout
+
+            layout = tp_layout(zmodel)
+        wrapped = self.model_class(zmodel, self.force_outputs_fp32, layout)
+        boosted = self.optimizer_class.boosted(zopt, wrapped, self.max_norm, self.only_rank_0)
         return (
             wrapped,
-            None
-            if inference
-            else ZeroOptimizerWrapper(zopt, wrapped, self.max_norm, self.only_rank_0),
+            None if inference else boosted,
             criterion,
             dataloader,
             lr_scheduler,
@@ -125,10 +144,12 @@ class _ZeroPlugin(StrategyPlugin, DPPluginBase):
         return optimizer.no_sync()
 
     def get_checkpoint_io(self) -> CheckpointIO:
-        """megalith_zero's full checkpoints, gathered chunk by chunk."""
-        from ..checkpoint_io import ZeroCheckpointIO
+        """megalith_zero's full checkpoints, gathered chunk by chunk (tensor-parallel
+        shards made whole: the files are the tp = 1 run's)."""
+        from ..checkpoint_io.tp_layout import tp_layout
+        from .zero_checkpoint import TorchFacingZeroCheckpointIO
 
-        return ZeroCheckpointIO()
+        return TorchFacingZeroCheckpointIO(tp_layout if self.tp_size > 1 else None)
 
 
 def _offload_config(owner: str, **kwargs: Any) -> Any:
@@ -144,6 +165,11 @@ class LowLevelZeroPlugin(_ZeroPlugin):
     Floating-point inputs are cast to the working dtype (cast_inputs=True)."""
 
     runs = ("zero1", "zero2")
+
+    def zero_config(self) -> Any:
+        """Each parameter a chunk of its own: a rank's shard of every parameter is its
+        equal slice, the layout ColossalAI's LowLevelZeroOptimizer exposes."""
+        return dataclasses.replace(super().zero_config(), shard_each_param=True)
 
     def __init__(
         self,
@@ -274,6 +300,8 @@ class GeminiPlugin(_ZeroPlugin):
 
     runs = ("gemini",)
     only_rank_0 = True
+    model_class = GeminiDDP
+    optimizer_class = GeminiOptimizer
 
     def __init__(
         self,
@@ -335,13 +363,13 @@ class GeminiPlugin(_ZeroPlugin):
             raise ValueError(f"{owner}: shard_param_frac={shard_param_frac}; expected in [0, 1]")
         if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
             raise ValueError(f"{owner}: tp_size={tp_size!r}; expected an int >= 1")
-        if tp_size > 1:
-            raise NotImplementedError(
-                f"{owner}: tp_size={tp_size}; tensor parallelism with ZeRO stage 3 is not "
-                f"built in megalith: use HybridParallelPlugin(tp_size={tp_size}, "
-                f"zero_stage=2, precision={precision!r}) (the same numbers, parameters "
-                "replicated over the data-parallel ranks), or GeminiPlugin with tp_size=1"
-            )
+        if (
+            isinstance(extra_dp_size, bool)
+            or not isinstance(extra_dp_size, int)
+            or extra_dp_size < 1
+        ):
+            raise ValueError(f"{owner}: extra_dp_size={extra_dp_size!r}; expected an int >= 1")
+        self.tp_size, self.extra_dp_size = tp_size, extra_dp_size
         chunk_bytes, keep_gathered = _chunk_bytes(chunk_config_dict, precision)
         self._warn_ignored(
             dict(

@@ -30,11 +30,14 @@ def _zero() -> Any:
 
 
 class ZeroModelWrapper(ModelWrapper):
-    """module: megalith_zero's ZeroModel; unwrap(): the user's module."""
+    """module: megalith_zero's ZeroModel; unwrap(): the user's module. file_layout: a
+    megalith_zero.FileLayout when the parameters are tensor-parallel shards (GeminiPlugin
+    with tp_size > 1): state_dict() gathers them whole, load_state_dict() takes whole ones."""
 
-    def __init__(self, zmodel: Any, force_outputs_fp32: bool = False):
+    def __init__(self, zmodel: Any, force_outputs_fp32: bool = False, file_layout: Any = None):
         super().__init__(zmodel, zmodel.module)
         self.force_outputs_fp32 = force_outputs_fp32
+        self.file_layout = file_layout
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         out = self.module(*args, **kwargs)
@@ -65,7 +68,9 @@ class ZeroModelWrapper(ModelWrapper):
         full = zmodel.full_state_dict()
         keep = set(user.state_dict(keep_vars=True)) | {n for n, _ in user.named_parameters()}
         out = destination if destination is not None else {}
-        if only_rank_0 and zmodel.group.rank != 0:
+        if self.file_layout is not None:  # tensor-parallel shards made whole (collective)
+            full = {k: self.file_layout.to_full(k, v) for k, v in full.items() if k in keep}
+        if only_rank_0 and _world_rank() != 0:
             return out
         for k, v in full.items():
             if k in keep:
@@ -89,6 +94,8 @@ class ZeroModelWrapper(ModelWrapper):
                 "only what matches)"
             )
         tensors = {k: v for k, v in state_dict.items() if k in expected}
+        if self.file_layout is not None:  # whole tensors to this rank's tp shards
+            tensors = {k: self.file_layout.to_local(k, v) for k, v in tensors.items()}
         if missing:
             current = zmodel.full_state_dict()
             tensors.update({k: current[k] for k in missing if k in current})
@@ -98,6 +105,12 @@ class ZeroModelWrapper(ModelWrapper):
         if kept is not None:
             load_optimizer_state_dict(zopt, kept)
         return _IncompatibleKeys(missing, unexpected)
+
+
+def _world_rank() -> int:
+    import megalith_comm as comm
+
+    return comm.get_world().rank
 
 
 def _stepped(zopt: Any) -> bool:
@@ -116,23 +129,37 @@ def _load_full_from(zmodel: Any, zopt: Any, tensors: dict[str, torch.Tensor]) ->
 
 
 class ZeroOptimizerWrapper(OptimizerWrapper):
-    """optim: megalith_zero's ZeroOptimizer; unwrap(): it too (ColossalAI's is the ZeRO
-    optimizer as well). param_groups are the user's optimizer's own dicts."""
+    """zero_optimizer: megalith_zero's ZeroOptimizer; optim (and unwrap()): it too here
+    (HybridParallelPlugin's ZeRO), the user's torch optimizer under the ZeRO plugins
+    (zero_optimizers.py). param_groups are the user's optimizer's own dicts."""
 
     def __init__(self, zopt: Any, model: ZeroModelWrapper, max_norm: float, only_rank_0: bool):
-        super().__init__(zopt)
+        self.zero_optimizer = zopt
+        self._grad_norm: float | None = None
         self.model = model
         self.max_norm = max_norm
         self.only_rank_0 = only_rank_0
         self._clipped_norm: float | None = None
 
     @property
+    def optim(self) -> Any:
+        return self.zero_optimizer
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.zero_optimizer.param_groups
+
+    @property
     def state(self) -> Any:
-        return self.optim.optimizer.state
+        """The user's torch optimizer's state, each entry viewing this rank's shard."""
+        from .zero_optimizers import refresh_state_views
+
+        refresh_state_views(self.zero_optimizer)
+        return self.zero_optimizer.optimizer.state
 
     @property
     def defaults(self) -> dict[str, Any]:
-        return self.optim.optimizer.defaults
+        return self.zero_optimizer.optimizer.defaults
 
     def add_param_group(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(
@@ -142,7 +169,7 @@ class ZeroOptimizerWrapper(OptimizerWrapper):
 
     @property
     def loss_scale(self) -> float:
-        return self.optim.loss_scale
+        return self.zero_optimizer.loss_scale
 
     def backward(
         self, loss: torch.Tensor, inputs: Any = None, retain_graph: bool = False, **kwargs: Any
@@ -151,7 +178,7 @@ class ZeroOptimizerWrapper(OptimizerWrapper):
             kwargs["inputs"] = inputs
         if retain_graph:
             kwargs["retain_graph"] = True
-        self.optim.backward(loss, **kwargs)
+        self.zero_optimizer.backward(loss, **kwargs)
 
     def backward_by_grad(
         self,
@@ -178,7 +205,7 @@ class ZeroOptimizerWrapper(OptimizerWrapper):
     ) -> torch.Tensor:
         """The global L2 norm over every shard (unscaled); the next step() scales the
         gradients by min(1, max_norm / (norm + 1e-6)), as torch's clip_grad_norm_."""
-        norm = self.optim.clip_grad_norm_(max_norm, norm_type)
+        norm = self.zero_optimizer.clip_grad_norm_(max_norm, norm_type)
         if error_if_nonfinite and not math.isfinite(norm):
             raise RuntimeError(
                 f"clip_grad_by_norm: the total norm of the gradients is {norm}; pass "
@@ -190,7 +217,7 @@ class ZeroOptimizerWrapper(OptimizerWrapper):
     def clip_grad_by_value(self, clip_value: float, *args: Any, **kwargs: Any) -> None:
         """Every gradient element into [-clip_value, clip_value] (on each rank's shards,
         after reduction, in the loss-scaled units the shards hold)."""
-        zopt = self.optim
+        zopt = self.zero_optimizer
         if zopt.step_in_backward:
             raise RuntimeError(
                 "clip_grad_by_value: the chunks are updated during backward "
@@ -204,7 +231,7 @@ class ZeroOptimizerWrapper(OptimizerWrapper):
                 c.shard_grad.clamp_(-bound, bound)
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
-        zopt = self.optim
+        zopt = self.zero_optimizer
         norm = self._clipped_norm
         if norm is None and not zopt.step_in_backward:
             # The norm ColossalAI reports (and clips by, with max_norm): with max_norm 0 the
@@ -215,23 +242,23 @@ class ZeroOptimizerWrapper(OptimizerWrapper):
         return zopt.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optim.zero_grad(set_to_none)
+        self.zero_optimizer.zero_grad(set_to_none)
 
     def no_sync(self):
-        return self.optim.no_sync()
+        return self.zero_optimizer.no_sync()
 
     def state_dict(self, only_rank_0: bool | None = None) -> dict[str, Any]:
         """torch's form of the whole optimizer. Collective; with only_rank_0 (GeminiPlugin's
         default) the other ranks get {"state": {}, "param_groups": [...]}."""
         only = self.only_rank_0 if only_rank_0 is None else only_rank_0
-        out = optimizer_state_dict(self.optim)
-        if only and self.optim.model.group.rank != 0:
+        out = optimizer_state_dict(self.zero_optimizer)
+        if only and self.zero_optimizer.model.group.rank != 0:
             out["state"] = {}
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's form (from state_dict(), a torch optimizer's, or a file of either)."""
-        load_optimizer_state_dict(self.optim, state_dict)
+        load_optimizer_state_dict(self.zero_optimizer, state_dict)
 
 
 # -- torch's optimizer state_dict form, to and from ZeRO's chunks ------------------------
