@@ -36,7 +36,7 @@ from megalith_core.safetensors_files import (
 
 from .api import ZeroModel
 from .file_layout import IDENTITY, FileLayout
-from .full_state import iter_full_params
+from .full_state import agree_written, iter_full_params
 from .layout import Chunk, Slot
 from .offload import with_resident_states
 from .optimizer import ZeroOptimizer
@@ -81,6 +81,7 @@ def save_sharded(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     zopt.reducer.wait()
+    rank = zmodel.group.rank
     tensors: dict[str, torch.Tensor] = {}
     for c in zmodel.chunks:
         k = c.spec.index
@@ -90,11 +91,10 @@ def save_sharded(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike
                 tensors[f"c{k}.{name}"] = t
         else:
             tensors[f"c{k}.params"] = c.shard
-    atomic_save(tensors, path / _rank_file(zmodel.group.rank))
-    comm.barrier(group=zmodel.group)
-    if zmodel.group.rank == 0:
-        atomic_json(_layout_meta(zmodel, zopt), path / META)
-    comm.barrier(group=zmodel.group)
+    agree_written(zmodel.group, _attempt(lambda: atomic_save(tensors, path / _rank_file(rank))))
+    if rank == 0:
+        error = _attempt(lambda: atomic_json(_layout_meta(zmodel, zopt), path / META))
+    agree_written(zmodel.group, error if rank == 0 else None)
 
 
 class _OldShards:
@@ -228,18 +228,33 @@ def save_full(
         for s in c.spec.slots
     ]
     out = StreamedFiles(path, "model", plan, max_shard_bytes, write=writer)
+    error = None  # a failed write stops the writing, not the gathers the others are in
     for name, tensor in iter_full_params(zmodel.chunks, zmodel.group):
-        out.add(name, layout.to_full(name, tensor).to(dtype))
+        full = layout.to_full(name, tensor).to(dtype)  # a collective under a tp layout
+        error = error or _attempt(lambda: out.add(name, full))
     persistent = zmodel.module.state_dict(keep_vars=True).keys()
     buffers = {
         n: layout.to_full(n, b.detach())
         for n, b in zmodel.module.named_buffers()
         if n in persistent
     }
-    if writer and buffers:
-        atomic_save(buffers, path / "buffers.safetensors", metadata={"format": "pt"})
-    out.finish({n: "buffers.safetensors" for n in buffers} if writer else {})
+
+    def rest() -> None:
+        if writer and buffers:
+            atomic_save(buffers, path / "buffers.safetensors", metadata={"format": "pt"})
+        out.finish({n: "buffers.safetensors" for n in buffers} if writer else {})
+
+    agree_written(zmodel.group, error or _attempt(rest))
     layout.barrier(zmodel.group)
+
+
+def _attempt(write: Any) -> BaseException | None:
+    """write()'s error, or None (agree_written then tells every rank)."""
+    try:
+        write()
+    except Exception as e:
+        return e
+    return None
 
 
 @with_resident_states

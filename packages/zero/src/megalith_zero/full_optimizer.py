@@ -20,6 +20,7 @@ from megalith_core.safetensors_files import StreamedFiles, TensorReader
 
 from .api import ZeroModel
 from .file_layout import IDENTITY, FileLayout
+from .full_state import agree_written
 from .offload import with_resident_states
 from .optimizer import ZeroOptimizer
 
@@ -78,12 +79,21 @@ def save_full_optimizer(
     zopt.reducer.wait()
     plan, params = full_plan(zopt, layout)
     out = StreamedFiles(path, "optimizer", plan, max_shard_bytes, write=rank0)
+    error = None  # a failed write stops the writing, not the gathers the others are in
     for key, tensor in full_states(zopt, layout):
-        out.add(key, tensor)
-    out.finish()
-    if rank0:
-        loss_scale = zopt.scaler.state_dict() if zopt.scaler else None
-        write_meta(path, zopt.rule.kind, zopt.optimizer.param_groups, params, loss_scale)
+        if error is None:
+            try:
+                out.add(key, tensor)
+            except Exception as e:
+                error = e
+    if error is None and rank0:
+        try:
+            out.finish()
+            loss_scale = zopt.scaler.state_dict() if zopt.scaler else None
+            write_meta(path, zopt.rule.kind, zopt.optimizer.param_groups, params, loss_scale)
+        except Exception as e:
+            error = e
+    agree_written(zmodel.group, error)
     layout.barrier(zmodel.group)
 
 

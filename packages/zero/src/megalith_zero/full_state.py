@@ -36,3 +36,29 @@ def iter_full_params(
         flat = gathered_chunk(c, group)
         for s in c.spec.slots:
             yield s.name, flat[s.offset : s.offset + s.numel].view(s.shape).clone()
+
+
+#: bytes of each rank's error text exchanged by agree_written
+_ERROR_BYTES = 1024
+
+
+def agree_written(group: comm.ProcessGroup, error: BaseException | None) -> None:
+    """Collective over group, right after a save's local writes: every rank learns at once
+    whether any rank's writes failed (a full disk on the writer), instead of waiting in
+    the save's next collective until the timeout. The failed rank re-raises its own error
+    (it names the file); the others raise one naming that rank and its error."""
+    device = comm.get_world().device
+    text = b"" if error is None else f"{type(error).__name__}: {error}".encode()[:_ERROR_BYTES]
+    mine = torch.zeros(_ERROR_BYTES, dtype=torch.uint8)
+    mine[: len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8) if text else 0
+    every = torch.empty(group.size * _ERROR_BYTES, dtype=torch.uint8, device=device)
+    comm.all_gather(every, mine.to(device), group=group)
+    if error is not None:
+        raise error
+    rows = every.cpu().view(group.size, _ERROR_BYTES)
+    for rank, row in enumerate(rows):
+        if row.any():
+            said = bytes(row.tolist()).rstrip(b"\0").decode(errors="replace")
+            raise RuntimeError(
+                f"the checkpoint save failed on rank {rank} of group {group.name!r}: {said}"
+            )

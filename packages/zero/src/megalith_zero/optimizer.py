@@ -100,6 +100,9 @@ class ZeroOptimizer:
         self._clip_coef = 1.0
         self._stats: tuple[float, bool, list[bool]] | None = None
         self.skipped_steps = 0
+        #: called at the start of step(), before any state changes (an asynchronous
+        #: checkpoint that reads host-resident state in place waits there)
+        self.step_pre_hooks: list[Callable[[], None]] = []
         self.model_parallel = model_parallel
         self._weighted = self._weighted_pieces(model_parallel)
         #: placement="auto" (megalith_offload.AutoPlacement): its warm-up ends with the
@@ -223,6 +226,8 @@ class ZeroOptimizer:
         # as its step() would, or an LR scheduler built on it warns at its first step that
         # it ran before the optimizer's.
         self.optimizer._opt_called = True
+        for hook in list(self.step_pre_hooks):
+            hook()
         if self.deferred is not None:  # a step with no forward since the last one
             self.deferred.wait_all()
         _, bad, used = self._grad_stats(norm=self.scaler is not None)

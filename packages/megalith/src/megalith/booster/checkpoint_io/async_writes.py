@@ -16,7 +16,9 @@ half way is never published; wait() reports it and clears the queue.
 
 The copy is to pinned host memory for CUDA tensors (asynchronous, then one
 synchronisation before the writer thread may read), so the step stalls only for the
-device-to-host transfer.
+device-to-host transfer. ZeRO's captures copy whole chunks into pinned regions reused
+from save to save (zero_capture.py, pinned_pool.py); `snapshot` here serves the other
+plugins' per-tensor captures.
 """
 
 from __future__ import annotations
@@ -56,26 +58,33 @@ def settle() -> None:
         _unsettled = False
 
 
-def _guarded(write: Callable[[], None]) -> Callable[[], None]:
+def _guarded(
+    write: Callable[[], None], cleanup: Callable[[], None] | None
+) -> Callable[[], None]:
     def run() -> None:
-        if _failed:
-            raise RuntimeError(f"skipped: an earlier checkpoint write failed ({_failed[0]})")
         try:
+            if _failed:
+                raise RuntimeError(f"skipped: an earlier checkpoint write failed ({_failed[0]})")
             write()
         except BaseException as e:
             _failed.append(e)
             raise
+        finally:
+            if cleanup is not None:  # also for a skipped write (it frees what it held)
+                cleanup()
 
     return run
 
 
-def submit(write: Callable[[], None]) -> None:
+def submit(write: Callable[[], None], cleanup: Callable[[], None] | None = None) -> None:
+    """Queues write() on the writer thread; cleanup() runs after it however it ended,
+    skipped included (a pinned region or in-place reads it held are given back)."""
     global _executor
     settle()
     with _lock:
         if _executor is None:
             _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="megalith-ckpt")
-        _pending.append(_executor.submit(_guarded(write)))
+        _pending.append(_executor.submit(_guarded(write, cleanup)))
 
 
 def after_pending(write: Callable[[], None]) -> None:

@@ -425,23 +425,27 @@ class CheckpointIO(ABC):
         barrier()
 
     def _model_writer(self, model: Any, use_async: bool) -> tuple[Writer, bool]:
-        """(what writes the files, whether it may run later on the writer thread)."""
-        async_writes.wait()
+        """(what writes the files, whether it may run later on the writer thread). A
+        capture waits only for the earlier write that reads its pinned region (the model
+        just queued may still be written while the optimizer is captured)."""
         if use_async:
             captured = self.capture_model(model)
             if captured is not None:
                 return captured, True
             self._warn_sync()
+        async_writes.wait()
         return (lambda directory, cap: self.write_model(model, directory, cap)), False
 
     def _optimizer_writer(self, optimizer: Any, use_async: bool) -> tuple[Writer, bool]:
-        """(what writes the files, whether it may run later on the writer thread)."""
-        async_writes.wait()
+        """(what writes the files, whether it may run later on the writer thread). A
+        capture waits only for the earlier write that reads its pinned region (the model
+        just queued may still be written while the optimizer is captured)."""
         if use_async:
             captured = self.capture_optimizer(optimizer)
             if captured is not None:
                 return captured, True
             self._warn_sync()
+        async_writes.wait()
         return (lambda directory, cap: self.write_optimizer(optimizer, directory, cap)), False
 
     def _warn_sync(self) -> None:
@@ -474,7 +478,7 @@ class CheckpointIO(ABC):
 
         if deferred:
             if writer:
-                async_writes.submit(run)
+                async_writes.submit(run, getattr(write, "release", None))
             barrier()
             return
         error = None

@@ -19,7 +19,7 @@ from megalith_core.optimizer_files import hyperparameters
 from megalith_core.safetensors_files import StreamedFiles, atomic_save
 
 from ..plugin.base import require
-from . import async_writes
+from . import async_writes, zero_capture
 from .base import CheckpointIO, Writer, is_writer
 from .general import OptimizerFiles, write_optimizer_files
 from .key_check import check_model_files
@@ -27,6 +27,11 @@ from .key_check import check_model_files
 
 def _zero() -> Any:
     return require("megalith_zero", "megalith-zero", "ZeRO checkpoints")
+
+
+def _whole(layout: Any) -> bool:
+    """The layout's parameters are the files' whole tensors (no tensor parallelism)."""
+    return type(layout) is _zero().file_layout.FileLayout
 
 
 class ZeroCheckpointIO(CheckpointIO):
@@ -71,13 +76,16 @@ class ZeroCheckpointIO(CheckpointIO):
         _zero().save_full_optimizer(zopt.model, zopt, directory, max_shard_bytes, layout=layout)
 
     def capture_model(self, model: Any) -> Writer | None:
-        """use_async: the chunks gathered one at a time (collective, as save_full), the
-        writer keeping host copies of the full tensors; the files are save_full's."""
+        """use_async: whole chunks copied to pinned host memory (zero_capture.py) and
+        written later as save_full's files; under a tensor-parallel layout the tensors
+        are joined one at a time (collective, as save_full), the writer keeping copies."""
         zero, zmodel = _zero(), model.module
         layout = self.layout(zmodel)
         writer = layout.writes(zmodel.group)
         if writer != is_writer():
             return None  # the files' writer is not the process that publishes them
+        if _whole(layout):
+            return zero_capture.capture_params(zmodel, writer)
         plan = [
             (s.name, layout.full_numel(s.name, s.numel) * 4)
             for c in zmodel.chunks
@@ -113,11 +121,15 @@ class ZeroCheckpointIO(CheckpointIO):
         writer = layout.writes(zopt.model.group)
         if writer != is_writer():
             return None
+        done = None
         with zero.offload.resident_states(zopt):
             zopt.reducer.wait()
             plan, params = zero.full_optimizer.full_plan(zopt, layout)
-            # full_states yields fresh host tensors: nothing training touches later
-            states = [(k, t) for k, t in zero.full_optimizer.full_states(zopt, layout) if writer]
+            if _whole(layout):
+                states, done = zero_capture.capture_states(zopt, writer)
+            else:  # full_states yields fresh host tensors: nothing training touches later
+                states = [(k, t) for k, t in zero.full_optimizer.full_states(zopt, layout)]
+            states = states if writer else []
         files = OptimizerFiles(
             plan=plan,
             params=copy.deepcopy(params),
@@ -127,7 +139,16 @@ class ZeroCheckpointIO(CheckpointIO):
             loss_scale=copy.deepcopy(zopt.scaler.state_dict()) if zopt.scaler else None,
             grad_scaler=None,
         )
-        return lambda directory, cap: write_optimizer_files(files, directory, cap)
+
+        def write(directory: Path, cap: int) -> None:
+            try:
+                write_optimizer_files(files, directory, cap)
+            finally:
+                if done is not None:
+                    done()
+
+        write.release = done  # type: ignore[attr-defined]
+        return write
 
     def read_optimizer(self, optimizer: Any, directory: Path) -> None:
         """With the loss scale: megalith_zero's load_full_optimizer reads it."""
