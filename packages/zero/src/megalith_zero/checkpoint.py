@@ -16,6 +16,7 @@ a directory without it (a crash mid-save) is never taken for a checkpoint.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from contextlib import ExitStack
@@ -231,7 +232,7 @@ def save_full(
     error = None  # a failed write stops the writing, not the gathers the others are in
     for name, tensor in iter_full_params(zmodel.chunks, zmodel.group):
         full = layout.to_full(name, tensor).to(dtype)  # a collective under a tp layout
-        error = error or _attempt(lambda: out.add(name, full))
+        error = error or _attempt(functools.partial(out.add, name, full))
     persistent = zmodel.module.state_dict(keep_vars=True).keys()
     buffers = {
         n: layout.to_full(n, b.detach())

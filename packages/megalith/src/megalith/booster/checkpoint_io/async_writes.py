@@ -58,9 +58,7 @@ def settle() -> None:
         _unsettled = False
 
 
-def _guarded(
-    write: Callable[[], None], cleanup: Callable[[], None] | None
-) -> Callable[[], None]:
+def _guarded(write: Callable[[], None], cleanup: Callable[[], None] | None) -> Callable[[], None]:
     def run() -> None:
         try:
             if _failed:

@@ -145,7 +145,9 @@ def capture_params(zmodel: Any, writer: bool) -> Callable[[Path, int], None]:
     """The model's files (save_full's, identity layout) from flat host copies of every
     chunk's fp32 master (a frozen chunk's parameters); collective."""
     flats = [
-        (c, c.master_values, torch.float32) if c.trainable else (c, lambda c=c: c.shard, c.param_dtype)
+        (c, c.master_values, torch.float32)
+        if c.trainable
+        else (c, lambda c=c: c.shard, c.param_dtype)
         for c in zmodel.chunks
     ]
     hosts, region, read_in_place = flat_sources(flats, zmodel.group, writer, "model")
