@@ -86,7 +86,6 @@ def test_performance_only_arguments_warn_once(make, name):
         (lambda: LowLevelZeroPlugin(master_weights=False), "master_weights=True"),
         (lambda: LowLevelZeroPlugin(cast_inputs=False), "cast_inputs=True"),
         (lambda: GeminiPlugin(master_weights=False, precision="bf16"), "master_weights=True"),
-        (lambda: GeminiPlugin(tp_size=2), "HybridParallelPlugin(tp_size=2"),
         (lambda: GeminiPlugin(chunk_config_dict={2: 5}), "chunk_size"),
     ],
 )

@@ -154,6 +154,6 @@ def boosted(rank: int, run: Boosted):
     model, opt, *_ = booster.boost(model, opt)
     # a resume loads before the warm-up: into the offload tier, moved after it
     losses = train_toy(rank, booster, model, opt, run)
-    tiers = [c.tier for c in opt.optim.chunks if c.trainable]
-    opt.optim.close()
+    tiers = [c.tier for c in opt.zero_optimizer.chunks if c.trainable]
+    opt.zero_optimizer.close()
     return (losses, tiers) if rank == 0 else None

@@ -49,6 +49,6 @@ def train(rank: int, run: Run):
     booster = Booster(plugin=make_plugin(run))
     model, opt, *_ = booster.boost(model, opt)
     losses = train_toy(rank, booster, model, opt, run)
-    tiers = [c.tier for c in opt.optim.chunks if c.trainable]
-    opt.optim.close()
+    tiers = [c.tier for c in opt.zero_optimizer.chunks if c.trainable]
+    opt.zero_optimizer.close()
     return (losses, tiers) if rank == 0 else None

@@ -32,14 +32,14 @@ def refresh_state_views(zopt: Any) -> None:
     for c in zopt.trainable:
         if not c.states or c.tier == "nvme":
             continue
-        for seg in c.spec.segments(c.rank):
-            i = c.spec.slots.index(seg.slot)
-            whole = len(c.spec.slots) == 1
-            lo, hi = (
-                (0, c.spec.shard_numel)
-                if whole
-                else (seg.shard_start, seg.shard_start + seg.length)
-            )
+        if len(c.spec.slots) == 1:  # every rank holds a slice (maybe padding only)
+            pieces = [(0, 0, c.spec.shard_numel)]
+        else:
+            pieces = [
+                (c.spec.slots.index(s.slot), s.shard_start, s.shard_start + s.length)
+                for s in c.spec.segments(c.rank)
+            ]
+        for i, lo, hi in pieces:
             entry: dict[str, Any] = {"step": torch.tensor(float(c.steps[i]))}
             entry.update({n: t[lo:hi] for n, t in c.states.items()})
             state[c.params[i]] = entry
