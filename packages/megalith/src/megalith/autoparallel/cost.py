@@ -19,7 +19,10 @@ step = compute of every micro-batch (forward 1x, backward BACKWARD_FACTOR x, the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
+from typing import Any
+
 from . import stages
 from .collectives import collective_time, send_recv_time
 from .compute import BACKWARD_FACTOR, forward_time
@@ -59,9 +62,11 @@ def predict(
     ckpt: float = 0.0,
     schedule: str | None = None,
     precision: str = "bf16",
+    model: Any = None,
 ) -> Candidate:
     """The Candidate of one plan (see the module's docstring). schedule None: '1f1b' for
-    pp > 1, 'none' otherwise."""
+    pp > 1, 'none' otherwise. model: the model analysed (meta is enough), for the exact
+    model state of dp-only ZeRO plans (megalith_zero.estimate)."""
     knobs = Knobs(
         dp=dp,
         tp=tp,
@@ -76,7 +81,7 @@ def predict(
         schedule=schedule or ("1f1b" if pp > 1 else "none"),
         precision=precision,
     )
-    return score(analysis, cluster, knobs)
+    return score(analysis, cluster, knobs, peak_memory(analysis, cluster, knobs, model))
 
 
 def score(
@@ -141,13 +146,14 @@ def step_parts(
     bound without the simulator (a pipeline's least bubble, none for ZB-V)."""
     layers = {id(b) for b in analysis.blocks}
     vstages = stages.virtual_stages(analysis, k.pp * k.chunks)
-    passes = [_pass_times(blocks, layers, analysis, cluster, k) for blocks in vstages]
+    timed = [[_tied_head(analysis, b) for b in blocks] for blocks in vstages]
+    passes = [_pass_times(blocks, layers, analysis, cluster, k) for blocks in timed]
     m = k.num_microbatches
     share = m / k.pp  # each rank's share of every stage's work, over the step
     parts = {
         "compute": sum(f + b for f, b, _, _ in passes) * share,
         "recompute": sum(r for _, _, r, _ in passes) * share,
-        "tp_comm": sum(c for _, _, _, c in passes) * share,
+        ("tp_comm" if k.sp == 1 else "tp_sp_comm"): sum(c for _, _, _, c in passes) * share,
     }
     where = stages.placement(k)
     bwd = [b + r + c / 2 for _, b, r, c in passes]
@@ -205,6 +211,15 @@ def _dp_and_optimizer(
         host += on_host * wd / prof.d2h_bandwidth + on_host * wd / prof.h2d_bandwidth
         out["host_step"] = max(host * HOST_TAIL, host - last_bwd)
     return out
+
+
+def _tied_head(analysis: ModelAnalysis, block: BlockCost) -> BlockCost:
+    """The head of tied embeddings as tp shards it: its matmul uses the embedding's
+    (vocabulary-parallel) weight, which the analysis counts in the "pre" block."""
+    pre = analysis.pre
+    if block is analysis.post and not block.tp_params and block.matmul_flops and pre.tp_params:
+        return replace(block, params=pre.params, tp_params=pre.tp_params)
+    return block
 
 
 @lru_cache(maxsize=4096)

@@ -33,6 +33,7 @@ PART_NAMES = {
     "compute": "compute",
     "recompute": "recompute",
     "tp_comm": "tp's all-reduces",
+    "tp_sp_comm": "tp's all-reduces and sp's all-to-alls",
     "pp_bubble_and_p2p": "the bubble",
     "dp_reduce": "the exposed gradient reduction",
     "zero3_gather": "stage 3's exposed gathers",

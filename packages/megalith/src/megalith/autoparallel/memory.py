@@ -19,8 +19,9 @@ kind (BASELINE_BYTES) for what is not tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from . import stages
+from . import exact_state, stages
 from .knobs import Knobs
 from .types import BlockCost, Cluster, ModelAnalysis
 
@@ -91,7 +92,7 @@ def model_state(n: int, largest: int, knobs: Knobs) -> tuple[int, int, int, int,
     params = shard * wd if stage == 3 else n * wd
     grads = n * wd if stage <= 1 else shard * wd
     in_flight = chunk * wd if stage >= 2 else 0
-    gathered = 2 * largest * wd if stage == 3 else 0  # this block's and the prefetched one
+    gathered = largest * wd if stage == 3 else 0
     host = int(shard * states * knobs.offload_fraction)
     optimizer = shard * states - host
     if wd == 4 and knobs.precision != "fp32":
@@ -120,8 +121,11 @@ def stage_activations(
     return kept, recompute
 
 
-def peak_memory(analysis: ModelAnalysis, cluster: Cluster, knobs: Knobs) -> Memory:
-    """The busiest rank's memory under `knobs` (see the module's docstring)."""
+def peak_memory(
+    analysis: ModelAnalysis, cluster: Cluster, knobs: Knobs, model: Any = None
+) -> Memory:
+    """The busiest rank's memory under `knobs` (see the module's docstring); with the
+    model (meta is enough), a dp-only ZeRO plan's model state is megalith_zero's estimate."""
     vstages = stages.virtual_stages(analysis, knobs.pp * knobs.chunks)
     where = stages.placement(knobs)
     scale = DTYPE_BYTES[knobs.precision] / DTYPE_BYTES.get(analysis.param_dtype, 2)
@@ -143,7 +147,10 @@ def peak_memory(analysis: ModelAnalysis, cluster: Cluster, knobs: Knobs) -> Memo
         mine = [s for s, r in enumerate(where) if r == rank]
         blocks = [b for s in mine for b in vstages[s]]
         n, largest = rank_params(blocks, knobs.tp)
-        p, g, f, q, opt, host = model_state(n, largest, knobs)
+        if model is not None and exact_state.applies(knobs):
+            p, g, f, q, opt, host = exact_state.model_state(model, knobs)
+        else:
+            p, g, f, q, opt, host = model_state(n, largest, knobs)
         act = sum(flight[rank][s] * acts[s][0] for s in range(len(vstages)) if where[s] == rank)
         act += max((acts[s][1] for s in mine), default=0)
         tensors = p + g + f + q + opt + act

@@ -18,7 +18,8 @@ Pruning, so that a 70B model over 1,024 GPUs plans in seconds:
 from __future__ import annotations
 
 import heapq
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import explain, space
@@ -47,11 +48,13 @@ def search(
     top: int = 10,
     precision: str = "bf16",
     max_micro_batch: int = space.MAX_MICRO_BATCH,
+    model: Any = None,
     **constraints: Any,
 ) -> list[Candidate]:
     """The `top` fastest plans, best first; the first carries the winner's reason and
     each rejected family's (Candidate.reason, one per line). constraints: any of
-    space.KNOBS fixed to a value or a tuple of values. NoFeasiblePlan when nothing fits."""
+    space.KNOBS fixed to a value or a tuple of values. model: the analysed model (meta is
+    enough) for dp-only ZeRO plans' exact model state. NoFeasiblePlan when nothing fits."""
     unknown = set(constraints) - set(space.KNOBS)
     if unknown:
         raise TypeError(
@@ -62,36 +65,45 @@ def search(
     seqs = _sequences(analysis, global_batch_tokens)
     device = cluster.device_memory_bytes or cluster.profile.device_memory_bytes
     host = cluster.host_memory_bytes or cluster.profile.host_memory_bytes
-    budget = int(device * memory_headroom)
-    host_budget = int(host * memory_headroom) // cluster.per_node
-    record = explain.Record(budget=budget)
+    ctx = _Context(
+        analysis,
+        cluster,
+        model,
+        constraints,
+        budget=int(device * memory_headroom),
+        host_budget=int(host * memory_headroom) // cluster.per_node,
+        max_micro_batch=max_micro_batch,
+        record=explain.Record(budget=int(device * memory_headroom)),
+    )
     pool: list[tuple[float, int, Knobs, Memory]] = []
     for dp, tp, pp, sp in space.layouts(analysis, cluster, constraints):
         why = space.why_illegal_layout(analysis, cluster, tp, pp, sp)
         if why is None and seqs % dp:
             why = f"dp={dp}: the global batch of {seqs} sequences does not divide by it"
         if why:
-            record.illegal(why)
+            ctx.record.illegal(why)
             continue
         first = "1f1b" if pp > 1 else "none"
         base = Knobs(dp=dp, tp=tp, pp=pp, sp=sp, schedule=first, precision=precision)
-        for knobs, memory in _fitting(
-            analysis,
-            cluster,
-            base,
-            seqs // dp,
-            budget,
-            host_budget,
-            max_micro_batch,
-            constraints,
-            record,
-        ):
+        for knobs, memory in _fitting(ctx, base, seqs // dp):
             bound = sum(step_parts(analysis, cluster, knobs, simulate=False).values())
             pool.append((bound, len(pool), knobs, memory))
     if not pool:
-        raise record.no_plan(analysis, cluster, constraints)
+        raise ctx.record.no_plan(analysis, cluster, constraints)
     ranked = _rank(analysis, cluster, pool, top)
-    return explain.annotate(ranked, record, pool, lambda k, m: score(analysis, cluster, k, m))
+    return explain.annotate(ranked, ctx.record, pool, lambda k, m: score(analysis, cluster, k, m))
+
+
+@dataclass
+class _Context:
+    analysis: ModelAnalysis
+    cluster: Cluster
+    model: Any
+    constraints: dict[str, Any]
+    budget: int
+    host_budget: int
+    max_micro_batch: int
+    record: explain.Record
 
 
 def _sequences(analysis: ModelAnalysis, global_batch_tokens: int) -> int:
@@ -104,46 +116,33 @@ def _sequences(analysis: ModelAnalysis, global_batch_tokens: int) -> int:
     return global_batch_tokens // seq
 
 
-def _fitting(
-    analysis: ModelAnalysis,
-    cluster: Cluster,
-    base: Knobs,
-    per_rank: int,
-    budget: int,
-    host_budget: int,
-    max_micro_batch: int,
-    constraints: dict[str, Any],
-    record: explain.Record,
-):
+def _fitting(ctx: _Context, base: Knobs, per_rank: int) -> Iterator[tuple[Knobs, Memory]]:
     """(knobs, memory) of every undominated plan of one layout that fits."""
     hybrid = base.tp * base.pp * base.sp > 1
-    micro = [b for b in space.divisors(per_rank) if b <= max_micro_batch]
-    micro = space.allowed(constraints, "micro_batch", micro)
-    ckpts = space.allowed(constraints, "ckpt", space.CKPT_SHARES)
-    for stage in space.zero_stages(hybrid, constraints):
-        offloads = space.offloads(hybrid, stage, constraints)
-        for schedule in space.schedules(base.pp, constraints):
-            if base.pp * CHUNKS[schedule] > analysis.layers:
-                record.illegal(
+    micro = [b for b in space.divisors(per_rank) if b <= ctx.max_micro_batch]
+    micro = space.allowed(ctx.constraints, "micro_batch", micro)
+    ckpts = space.allowed(ctx.constraints, "ckpt", space.CKPT_SHARES)
+    layers = ctx.analysis.layers
+    for stage in space.zero_stages(hybrid, ctx.constraints):
+        offloads = space.offloads(hybrid, stage, ctx.constraints)
+        for schedule in space.schedules(base.pp, ctx.constraints):
+            if base.pp * CHUNKS[schedule] > layers:
+                ctx.record.illegal(
                     f"pp={base.pp} x {CHUNKS[schedule]} chunks of {schedule}: "
-                    f"more stages than the {analysis.layers} layers"
+                    f"more stages than the {layers} layers"
                 )
                 continue
             if not (micro and ckpts and offloads):
                 continue
             smallest = _knobs(base, stage, schedule, offloads[-1], micro[0], per_rank, ckpts[-1])
-            if smallest is None or not _fits(
-                analysis, cluster, smallest, budget, host_budget, record
-            ):
+            if smallest is None or not _fits(ctx, smallest):
                 continue
             for b in micro:
                 found = False
                 for ckpt in ckpts:
                     for off in offloads:
                         k = _knobs(base, stage, schedule, off, b, per_rank, ckpt)
-                        if k is None:
-                            continue
-                        m = _fits(analysis, cluster, k, budget, host_budget, record)
+                        m = None if k is None else _fits(ctx, k)
                         if m is not None:
                             found = True
                             yield k, m
@@ -180,21 +179,14 @@ def _knobs(
     )
 
 
-def _fits(
-    analysis: ModelAnalysis,
-    cluster: Cluster,
-    k: Knobs,
-    budget: int,
-    host_budget: int,
-    record: explain.Record,
-) -> Memory | None:
+def _fits(ctx: _Context, k: Knobs) -> Memory | None:
     try:
-        m = peak_memory(analysis, cluster, k)
+        m = peak_memory(ctx.analysis, ctx.cluster, k, ctx.model)
     except ValueError as e:  # a schedule that cannot run these counts
-        record.illegal(f"{k.schedule} at pp={k.pp}, {k.num_microbatches} micro-batches: {e}")
+        ctx.record.illegal(f"{k.schedule} at pp={k.pp}, {k.num_microbatches} micro-batches: {e}")
         return None
-    if m.device > budget or m.host > host_budget:
-        record.too_big(k, m)
+    if m.device > ctx.budget or m.host > ctx.host_budget:
+        ctx.record.too_big(k, m)
         return None
     return m
 
