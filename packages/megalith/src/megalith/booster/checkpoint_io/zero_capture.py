@@ -91,9 +91,10 @@ class ChunkCopies:
         self._inflight = 0
 
 
-def in_place(chunk: Any, group_size: int) -> bool:
-    """The chunk's state is read where it lives ([Note: host state read in place])."""
-    return group_size == 1 and chunk.tier == "host"
+def in_place(chunk: Any, group_size: int, zopt: Any) -> bool:
+    """The chunk's state is read where it lives ([Note: host state read in place]); not
+    when the optimizer updates chunks during backward (before step()'s pre-hook)."""
+    return group_size == 1 and chunk.tier == "host" and not zopt.step_in_backward
 
 
 def _gathered(src: torch.Tensor, numel: int, device: torch.device, group: Any) -> torch.Tensor:
@@ -108,12 +109,13 @@ def flat_sources(
     group: Any,
     writer: bool,
     region_name: str,
+    zopt: Any,
 ) -> tuple[list[torch.Tensor | None], pinned_pool.Region | None, bool]:
     """For each (chunk, shard source, its dtype): the host flat tensor the writer will read (None on
     other ranks), the pinned region that holds the copies (to release after the write)
     and whether any were read in place. Collective over group."""
     size = group.size
-    copied = [(c.spec.numel, dtype) for c, _, dtype in flats if not in_place(c, size)]
+    copied = [(c.spec.numel, dtype) for c, _, dtype in flats if not in_place(c, size, zopt)]
     region = None
     if writer and copied:
         region = pinned_pool.region(region_name)
@@ -125,7 +127,7 @@ def flat_sources(
     try:
         for c, src_fn, _ in flats:
             src = src_fn()
-            if in_place(c, size):
+            if in_place(c, size, zopt):
                 out.append(src if writer else None)
                 any_in_place = True
             elif size == 1:
@@ -150,7 +152,9 @@ def capture_params(zmodel: Any, writer: bool) -> Callable[[Path, int], None]:
         else (c, lambda c=c: c.shard, c.param_dtype)
         for c in zmodel.chunks
     ]
-    hosts, region, read_in_place = flat_sources(flats, zmodel.group, writer, "model")
+    hosts, region, read_in_place = flat_sources(
+        flats, zmodel.group, writer, "model", zmodel.optimizer
+    )
     guard = InPlaceReads(zmodel.optimizer) if writer and read_in_place else None
     persistent = zmodel.module.state_dict(keep_vars=True).keys()
     buffers = {
@@ -192,7 +196,7 @@ def capture_states(zopt: Any, writer: bool) -> tuple[list[tuple[str, torch.Tenso
         for state in names:
             flats.append((c, lambda c=c, state=state: c.states[state], torch.float32))
             keys.append((c, state))
-    hosts, region, read_in_place = flat_sources(flats, zopt.model.group, writer, "optimizer")
+    hosts, region, read_in_place = flat_sources(flats, zopt.model.group, writer, "optimizer", zopt)
     guard = InPlaceReads(zopt) if writer and read_in_place else None
     views = []
     for (c, state), flat in zip(keys, hosts):
