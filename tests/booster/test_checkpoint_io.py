@@ -22,6 +22,7 @@ from megalith.booster.checkpoint_io import (
     ZeroCheckpointIO,
 )
 from megalith.booster.checkpoint_io.tp_layout import tp_layout
+from megalith.booster.plugin.zero_checkpoint import TorchFacingZeroCheckpointIO
 from megalith.testing import run_distributed
 from tests.booster.checkpoint_io_workers import ddp_round_trip_without_zero
 
@@ -30,8 +31,8 @@ from tests.booster.checkpoint_io_workers import ddp_round_trip_without_zero
     ("plugin", "kind", "layout_for"),
     [
         (TorchDDPPlugin(), GeneralCheckpointIO, None),
-        (LowLevelZeroPlugin(stage=2), ZeroCheckpointIO, None),
-        (GeminiPlugin(), ZeroCheckpointIO, None),
+        (LowLevelZeroPlugin(stage=2), TorchFacingZeroCheckpointIO, None),
+        (GeminiPlugin(), TorchFacingZeroCheckpointIO, None),
         (HybridParallelPlugin(tp_size=2), HybridParallelCheckpointIO, None),
         (HybridParallelPlugin(tp_size=2, zero_stage=1), ZeroCheckpointIO, tp_layout),
         (HybridParallelPlugin(tp_size=1, zero_stage=2), ZeroCheckpointIO, None),

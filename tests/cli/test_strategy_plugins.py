@@ -132,6 +132,7 @@ def test_zero_config_is_the_strategy_s():
         loss_scale=s.loss_scale,
         offload=OffloadConfig(),
         step_in_backward=True,  # offloaded, neither clipping nor scaling
+        shard_each_param=True,  # LowLevelZero's per-parameter slices
     )
     # under a pipeline bf16 and fp16 are autocast over fp32 parameters; fp16 still scales
     piped = Strategy(

@@ -46,7 +46,7 @@ def estimate(
     params = _param_groups(model, optimizer)
     wd = torch.empty((), dtype=config.param_dtype).element_size()
     numel = chunk_numel_for([p.numel() for _, p, _ in params], config.chunk_bytes, wd, world)
-    layout = plan(params, world, numel)
+    layout = plan(params, world, numel, config.shard_each_param)
     rule = rule_for(optimizer)
     n_params = sum(p.numel() for _, p, _ in params)
     chunk_bytes = max(c.numel for c in layout.chunks) * wd

@@ -158,5 +158,8 @@ def peak_memory(
         m = Memory(p, g, f, q, opt, int(act), slack, host)
         if best is None or m.device > best.device:
             best = m
-    assert best is not None
+    if best is None:
+        raise ValueError(
+            "peak memory: the plan places no stage on any rank; check pp and the layer split"
+        )
     return best

@@ -360,6 +360,9 @@ class Strategy:
             offload=self.offload,
             step_in_backward=self.updates_in_backward,
             overlap_param_gather=self.zero.overlap_param_gather,
+            # LowLevelZero's layout: a rank's shard of every parameter is its equal slice,
+            # as ColossalAI's LowLevelZeroOptimizer exposes it
+            shard_each_param=self.plugin in ("zero1", "zero2"),
         )
 
     def make_plugin(self) -> Plugin:

@@ -43,7 +43,8 @@ class Region:
 
     def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A flat tensor of numel elements out of the held bytes."""
-        assert self._buffer is not None, "Region.take before acquire"
+        if self._buffer is None:
+            raise RuntimeError("pinned_pool.Region.take before acquire(): acquire the region first")
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
         start = -(-self._used // _ALIGN) * _ALIGN
         if start + nbytes > self._buffer.numel():

@@ -69,7 +69,10 @@ class ChunkCopies:
         self._inflight = 0
 
     def copy(self, src: torch.Tensor, temporary: bool = False) -> torch.Tensor:
-        assert self.region is not None
+        if self.region is None:
+            raise RuntimeError(
+                "zero_capture: copy() needs a pinned region; this capture was made without one"
+            )
         dst = self.region.take(src.numel(), src.dtype)
         if self.stream is None or not src.is_cuda:
             dst.copy_(src)

@@ -13,7 +13,6 @@ stage-3 gather hooks) -> the wrappers the Booster hands back (zero_wrappers.py).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -165,11 +164,6 @@ class LowLevelZeroPlugin(_ZeroPlugin):
     Floating-point inputs are cast to the working dtype (cast_inputs=True)."""
 
     runs = ("zero1", "zero2")
-
-    def zero_config(self) -> Any:
-        """Each parameter a chunk of its own: a rank's shard of every parameter is its
-        equal slice, the layout ColossalAI's LowLevelZeroOptimizer exposes."""
-        return dataclasses.replace(super().zero_config(), shard_each_param=True)
 
     def __init__(
         self,
