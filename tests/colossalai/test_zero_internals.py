@@ -35,11 +35,9 @@ def _slice(t: torch.Tensor, padding: int, rank: int) -> torch.Tensor:
     return F.pad(t.detach().reshape(-1).float(), (0, padding)).chunk(WORLD)[rank]
 
 
-def low_level_internals(rank: int, seed: int) -> dict[str, float | bool]:
-    from megalith.booster import Booster
-    from megalith.booster.plugin import LowLevelZeroPlugin
-    from megalith.zero import LowLevelZeroOptimizer
-
+def _reference_step(seed: int):
+    """A fresh model, its copy after one torch Adam step on the whole batch, the
+    copy's gradients before the step, the optimizer, and the per-rank batches."""
     torch.manual_seed(seed)
     model = _model()
     ref = copy.deepcopy(model)
@@ -48,6 +46,15 @@ def low_level_internals(rank: int, seed: int) -> dict[str, float | bool]:
     torch.stack([ref(x).square().mean() for x in xs]).mean().backward()
     ref_grads = [p.grad.clone() for p in ref.parameters()]
     ref_opt.step()
+    return model, ref, ref_opt, ref_grads, xs
+
+
+def low_level_internals(rank: int, seed: int) -> dict[str, float | bool]:
+    from megalith.booster import Booster
+    from megalith.booster.plugin import LowLevelZeroPlugin
+    from megalith.zero import LowLevelZeroOptimizer
+
+    model, ref, ref_opt, ref_grads, xs = _reference_step(seed)
 
     user_opt = torch.optim.Adam(model.parameters(), lr=LR)
     booster = Booster(plugin=LowLevelZeroPlugin(stage=2, precision="fp32"))
@@ -105,13 +112,7 @@ def gemini_objects(rank: int, seed: int) -> dict[str, float | bool]:
     from megalith.tensor import ColoParameter
     from megalith.zero import GeminiDDP, GeminiOptimizer
 
-    torch.manual_seed(seed)
-    model = _model()
-    ref = copy.deepcopy(model)
-    ref_opt = torch.optim.Adam(ref.parameters(), lr=LR)
-    xs = _batches(seed)
-    torch.stack([ref(x).square().mean() for x in xs]).mean().backward()
-    ref_opt.step()
+    model, ref, ref_opt, _, xs = _reference_step(seed)
     user_opt = torch.optim.Adam(model.parameters(), lr=LR)
     booster = Booster(plugin=GeminiPlugin(precision="fp32"))
     model, opt, *_ = booster.boost(model, user_opt)
