@@ -17,12 +17,13 @@ from megalith.booster import (
 )
 from megalith.booster.checkpoint_io import (
     CheckpointIO,
+    GeminiCheckpointIO,
     GeneralCheckpointIO,
     HybridParallelCheckpointIO,
+    LowLevelZeroCheckpointIO,
     ZeroCheckpointIO,
 )
 from megalith.booster.checkpoint_io.tp_layout import tp_layout
-from megalith.booster.plugin.zero_checkpoint import TorchFacingZeroCheckpointIO
 from megalith.testing import run_distributed
 from tests.booster.checkpoint_io_workers import ddp_round_trip_without_zero
 
@@ -31,8 +32,9 @@ from tests.booster.checkpoint_io_workers import ddp_round_trip_without_zero
     ("plugin", "kind", "layout_for"),
     [
         (TorchDDPPlugin(), GeneralCheckpointIO, None),
-        (LowLevelZeroPlugin(stage=2), TorchFacingZeroCheckpointIO, None),
-        (GeminiPlugin(), TorchFacingZeroCheckpointIO, None),
+        (LowLevelZeroPlugin(stage=2), LowLevelZeroCheckpointIO, None),
+        (GeminiPlugin(), GeminiCheckpointIO, None),
+        (GeminiPlugin(tp_size=2), GeminiCheckpointIO, tp_layout),
         (HybridParallelPlugin(tp_size=2), HybridParallelCheckpointIO, None),
         (HybridParallelPlugin(tp_size=2, zero_stage=1), ZeroCheckpointIO, tp_layout),
         (HybridParallelPlugin(tp_size=1, zero_stage=2), ZeroCheckpointIO, None),
@@ -42,7 +44,7 @@ from tests.booster.checkpoint_io_workers import ddp_round_trip_without_zero
             None,
         ),
     ],
-    ids=["ddp", "zero2", "gemini", "tp", "tp-zero", "zero-no-tp", "pp-zero"],
+    ids=["ddp", "zero2", "gemini", "gemini-tp", "tp", "tp-zero", "zero-no-tp", "pp-zero"],
 )
 def test_each_plugin_gives_its_checkpoint_io(plugin, kind, layout_for):
     io = plugin.get_checkpoint_io()

@@ -133,7 +133,7 @@ class HybridParallelCheckpointIO(GeneralCheckpointIO):
         full_optimizer = require(
             "megalith_zero", "megalith-zero", "ZeRO checkpoints"
         ).full_optimizer
-        zopt = optimizer.optim
+        zopt = optimizer.zero_optimizer
         zopt.reducer.wait()
         layout = self.stage_layout(model, zopt)
         plan, params = full_optimizer.full_plan(zopt, layout)
@@ -165,7 +165,7 @@ class HybridParallelCheckpointIO(GeneralCheckpointIO):
         """A pipelined model's ranks read their stages' parameters only."""
         if isinstance(optimizer, ZeroOptimizerWrapper):
             zero = require("megalith_zero", "megalith-zero", "ZeRO checkpoints")
-            zopt = optimizer.optim
+            zopt = optimizer.zero_optimizer
             layout = self.stage_layout(self.model_of(optimizer), zopt)
             zero.load_full_optimizer(zopt.model, zopt, directory, layout=layout)
             return

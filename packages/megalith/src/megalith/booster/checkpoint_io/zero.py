@@ -71,7 +71,7 @@ class ZeroCheckpointIO(CheckpointIO):
         _zero().load_full(zmodel, zmodel.optimizer, directory, layout=self.layout(zmodel))
 
     def write_optimizer(self, optimizer: Any, directory: Path, max_shard_bytes: int) -> None:
-        zopt = optimizer.optim
+        zopt = optimizer.zero_optimizer
         layout = self.layout(zopt.model)
         _zero().save_full_optimizer(zopt.model, zopt, directory, max_shard_bytes, layout=layout)
 
@@ -116,7 +116,7 @@ class ZeroCheckpointIO(CheckpointIO):
     def capture_optimizer(self, optimizer: Any) -> Writer | None:
         """use_async: every full state gathered now (collective, as save_full_optimizer),
         kept on the writer's host; the files are save_full_optimizer's."""
-        zero, zopt = _zero(), optimizer.optim
+        zero, zopt = _zero(), optimizer.zero_optimizer
         layout = self.layout(zopt.model)
         writer = layout.writes(zopt.model.group)
         if writer != is_writer():
@@ -152,19 +152,14 @@ class ZeroCheckpointIO(CheckpointIO):
 
     def read_optimizer(self, optimizer: Any, directory: Path) -> None:
         """With the loss scale: megalith_zero's load_full_optimizer reads it."""
-        zopt = optimizer.optim
+        zopt = optimizer.zero_optimizer
         _zero().load_full_optimizer(zopt.model, zopt, directory, layout=self.layout(zopt.model))
 
 
 class LowLevelZeroCheckpointIO(ZeroCheckpointIO):
-    """ColossalAI's name for LowLevelZeroPlugin's I/O: ZeroCheckpointIO over whole tensors."""
-
-    def __init__(self) -> None:
-        super().__init__()
+    """ColossalAI's name for LowLevelZeroPlugin's I/O (whole tensors unless given a layout)."""
 
 
 class GeminiCheckpointIO(ZeroCheckpointIO):
-    """ColossalAI's name for GeminiPlugin's I/O: ZeroCheckpointIO over whole tensors."""
-
-    def __init__(self) -> None:
-        super().__init__()
+    """ColossalAI's name for GeminiPlugin's I/O; under tp_size > 1 the plugin passes
+    tp_layout, so the files hold the tp = 1 run's whole tensors."""

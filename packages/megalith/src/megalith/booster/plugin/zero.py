@@ -73,6 +73,8 @@ class _ZeroPlugin(StrategyPlugin, DPPluginBase):
     #: the classes boost() hands back (ColossalAI's names: zero_optimizers.py)
     model_class: type = ZeroModelWrapper
     optimizer_class: type = LowLevelZeroOptimizer
+    #: ColossalAI's name for the plugin's CheckpointIO (checkpoint_io/zero.py)
+    checkpoint_io_name = "LowLevelZeroCheckpointIO"
 
     @property
     def stage(self) -> int:
@@ -145,10 +147,11 @@ class _ZeroPlugin(StrategyPlugin, DPPluginBase):
     def get_checkpoint_io(self) -> CheckpointIO:
         """megalith_zero's full checkpoints, gathered chunk by chunk (tensor-parallel
         shards made whole: the files are the tp = 1 run's)."""
+        from .. import checkpoint_io
         from ..checkpoint_io.tp_layout import tp_layout
-        from .zero_checkpoint import TorchFacingZeroCheckpointIO
 
-        return TorchFacingZeroCheckpointIO(tp_layout if self.tp_size > 1 else None)
+        io_class = getattr(checkpoint_io, self.checkpoint_io_name)
+        return io_class(tp_layout if self.tp_size > 1 else None)
 
 
 def _offload_config(owner: str, **kwargs: Any) -> Any:
@@ -296,6 +299,7 @@ class GeminiPlugin(_ZeroPlugin):
     only_rank_0 = True
     model_class = GeminiDDP
     optimizer_class = GeminiOptimizer
+    checkpoint_io_name = "GeminiCheckpointIO"
 
     def __init__(
         self,
