@@ -10,6 +10,6 @@ context.py  LazyInitContext, is_lazy
 trace.py    the record of ops on meta tensors, and its replay
 """
 
-from .context import LazyInitContext, LazyTensor, is_lazy
+from .context import LazyInitContext, LazyTensor, is_lazy, materialize_rest
 
-__all__ = ["LazyInitContext", "LazyTensor", "is_lazy"]
+__all__ = ["LazyInitContext", "LazyTensor", "is_lazy", "materialize_rest"]

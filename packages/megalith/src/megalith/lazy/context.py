@@ -110,32 +110,7 @@ class LazyInitContext:
     @staticmethod
     def materialize(module: torch.nn.Module, verbose: bool = False) -> torch.nn.Module:
         """Makes every lazy parameter and buffer of module real, in place; returns module."""
-        by_trace: dict[int, tuple[Trace, list]] = {}
-        for entry in _tensors(module):
-            trace = _trace_of(entry[2])
-            if trace is None:
-                continue
-            by_trace.setdefault(id(trace), (trace, []))[1].append(entry)
-        total = 0
-        for trace, items in by_trace.values():
-            real = trace.replay({storage_key(t) for _, _, t, _ in items})
-            for owner, name, t, is_param in items:
-                value = view(real[storage_key(t)], ref_of(t))
-                new = (
-                    torch.nn.Parameter(value, requires_grad=t.requires_grad) if is_param else value
-                )
-                try:
-                    torch.utils.swap_tensors(t, new)
-                except RuntimeError:  # a weak reference to it (torch's RNNs keep them)
-                    _replace(owner, name, new, is_param)
-                total += value.numel() * value.element_size()
-        if verbose:
-            entries = [t for _, items in by_trace.values() for _, _, t, _ in items]
-            print(
-                f"LazyInitContext.materialize: {len(entries)} tensors, "
-                f"{total / 2**20:.1f} MiB on {sorted({str(t.device) for t in entries})}"
-            )
-        return module
+        return _materialize(module, verbose, sliced=False)
 
     @staticmethod
     def distribute(module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
@@ -145,3 +120,38 @@ class LazyInitContext:
             "LazyInitContext.materialize(model) (or pass the lazy model to booster.boost, "
             "which materialises it) and use HybridParallelPlugin(tp_size=...) or GeminiPlugin"
         )
+
+
+def materialize_rest(module: torch.nn.Module) -> torch.nn.Module:
+    """Makes the lazy tensors module still holds real by replaying only the ops they
+    depend on (Trace.needed): after a checkpoint filled the parameters, the buffers
+    computed at construction (a rotary embedding's inv_freq) cost their own ops only.
+    Random values it draws are not eager construction's (see Trace.replay)."""
+    return _materialize(module, False, sliced=True)
+
+
+def _materialize(module: torch.nn.Module, verbose: bool, sliced: bool) -> torch.nn.Module:
+    by_trace: dict[int, tuple[Trace, list]] = {}
+    for entry in _tensors(module):
+        trace = _trace_of(entry[2])
+        if trace is None:
+            continue
+        by_trace.setdefault(id(trace), (trace, []))[1].append(entry)
+    total = 0
+    for trace, items in by_trace.values():
+        real = trace.replay({storage_key(t) for _, _, t, _ in items}, sliced)
+        for owner, name, t, is_param in items:
+            value = view(real[storage_key(t)], ref_of(t))
+            new = torch.nn.Parameter(value, requires_grad=t.requires_grad) if is_param else value
+            try:
+                torch.utils.swap_tensors(t, new)
+            except RuntimeError:  # a weak reference to it (torch's RNNs keep them)
+                _replace(owner, name, new, is_param)
+            total += value.numel() * value.element_size()
+    if verbose:
+        entries = [t for _, items in by_trace.values() for _, _, t, _ in items]
+        print(
+            f"LazyInitContext.materialize: {len(entries)} tensors, "
+            f"{total / 2**20:.1f} MiB on {sorted({str(t.device) for t in entries})}"
+        )
+    return module

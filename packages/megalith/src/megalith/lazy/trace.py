@@ -106,11 +106,28 @@ class Trace:
         return out
 
     # -- replay -----------------------------------------------------------------
-    def replay(self, keep: set[int]) -> dict[int, torch.Tensor]:
+    def needed(self, keep: set[int]) -> list[int]:
+        """The indices of the ops the storages in keep depend on: each op that creates or
+        touches a needed storage, and so on back through its arguments."""
+        want, chosen = set(keep), []
+        for i in range(len(self.ops) - 1, -1, -1):
+            op = self.ops[i]
+            refs = {a.key for a in tree_flatten(op.args)[0] if isinstance(a, Ref)}
+            made = {r.key for _, r in op.created}
+            if (refs | made) & want:
+                want |= refs | made
+                chosen.append(i)
+        return chosen[::-1]
+
+    def replay(self, keep: set[int], sliced: bool = False) -> dict[int, torch.Tensor]:
         """The real storages (each as a 1-D uint8 tensor over it) of the keys in keep, from
-        the whole record run again with the generators as they were at the entry."""
+        the whole record run again with the generators as they were at the entry.
+        sliced: run only the ops keep depends on (Trace.needed): far less work when keep
+        is a few buffers, but a random op then draws from another place of the stream
+        than in eager construction (only deterministic values stay eager's)."""
+        ops = [self.ops[i] for i in self.needed(keep)] if sliced else self.ops
         last: dict[int, int] = {}
-        for i, op in enumerate(self.ops):
+        for i, op in enumerate(ops):
             for a in tree_flatten(op.args)[0]:
                 if isinstance(a, Ref):
                     last[a.key] = i
@@ -124,7 +141,7 @@ class Trace:
             torch.cuda.set_rng_state_all(self.cuda_rng)
         try:
             with torch.no_grad():
-                for i, op in enumerate(self.ops):
+                for i, op in enumerate(ops):
                     self._run(op, real)
                     for key in [k for k in real if last.get(k, -1) <= i and k not in keep]:
                         del real[key]
