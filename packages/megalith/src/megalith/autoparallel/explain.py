@@ -12,6 +12,8 @@ from .memory import Memory
 from .types import Candidate, Cluster, ModelAnalysis
 
 GB = 1e9
+#: how far "how many devices would fit" looks: the nodes doubled this many times
+MAX_DOUBLINGS = 12
 _NONE_FITS = "no plan of it is legal here or fits the budget"
 #: families the search drops where a plan without them fits at the same micro-batch
 _NOT_NEEDED = {
@@ -60,11 +62,17 @@ def describe(c: Any) -> str:
 
 @dataclass
 class Record:
-    """What the search saw but could not keep: illegal layouts, plans over the budget."""
+    """What the search saw but could not keep: illegal layouts, plans over the budget.
+    budget and host_budget: usable bytes per device and per rank on the host; headroom:
+    the usable share of the device (to say what device would do)."""
 
     budget: int
+    host_budget: int = 0
+    headroom: float = 0.9
+    precision: str = "bf16"
     reasons: list[str] = field(default_factory=list)
-    smallest: tuple[int, Knobs, Memory] | None = None
+    smallest: tuple[int, Knobs, Memory] | None = None  # least device need over the budget
+    host_bound: tuple[int, Knobs, Memory] | None = None  # fits the device, not the host
     too_big_count: int = 0
 
     def illegal(self, why: str) -> None:
@@ -73,33 +81,100 @@ class Record:
 
     def too_big(self, k: Knobs, m: Memory) -> None:
         self.too_big_count += 1
-        if self.smallest is None or m.device < self.smallest[0]:
-            self.smallest = (m.device, k, m)
+        if m.device > self.budget:
+            if self.smallest is None or m.device < self.smallest[0]:
+                self.smallest = (m.device, k, m)
+        elif self.host_bound is None or m.host < self.host_bound[0]:
+            self.host_bound = (m.host, k, m)
 
     def no_plan(self, analysis: ModelAnalysis, cluster: Cluster, constraints: dict) -> Exception:
         from .search import NoFeasiblePlan
 
         fixed = ", ".join(f"{k}={v}" for k, v in constraints.items())
-        if self.smallest is None:
-            why = "; ".join(self.reasons[:4]) or "no layout of the world is legal"
+        relax = f" (or relax the constraint(s) {fixed})" if fixed else ""
+        # the layouts every world rules out (sp beside a pipeline) say nothing about this one
+        ruled_out = "; ".join([r for r in self.reasons if "without a pipeline" not in r][:4])
+        if self.smallest is None and self.host_bound is None:
             return NoFeasiblePlan(
                 f"no legal plan for {analysis.model} on {cluster.world} devices"
                 + (f" under the constraint(s) {fixed}" if fixed else "")
-                + f": {why}; drop or change the constraint"
+                + f": {ruled_out or 'no layout of the world is legal'}; "
+                + ("drop or change the constraint" if fixed else "change the device count")
             )
-        need, k, m = self.smallest
-        closest = describe(k)
+        also = f"; also ruled out: {ruled_out}" if ruled_out else ""
+        more = self._devices_to_fit(analysis, cluster)
+        if self.host_bound is not None and (
+            self.smallest is None or self.host_bound[2].device <= self.budget
+        ):
+            host, k, m = self.host_bound
+            per_node = host * cluster.per_node / self.headroom
+            return NoFeasiblePlan(
+                f"{analysis.model} fits nowhere on {cluster.world} devices: the closest plan "
+                f"({describe(k)}) fits the device ({m.device / GB:.1f} of {self.budget / GB:.1f} "
+                f"GB usable) but keeps {host / GB:.1f} GB per rank on the host, over the "
+                f"{self.host_budget / GB:.1f} GB usable per rank; the knob that gets closest is "
+                f"host memory: give at least {per_node / GB:.0f} GB per node (--host-gb)"
+                + (f", or {more}" if more else "")
+                + relax
+                + also,
+                smallest_bytes=m.device,
+                closest=describe(k),
+            )
+        need, k, m = self.smallest  # type: ignore[misc]
+        state = m.params + m.grads + m.grads_in_flight + m.gathered + m.optimizer
         return NoFeasiblePlan(
             f"{analysis.model} fits nowhere on {cluster.world} devices of "
-            f"{self.budget / GB:.1f} GB usable: the smallest plan ({closest}) needs "
-            f"{need / GB:.1f} GB per device (model state "
-            f"{(m.params + m.grads + m.grads_in_flight + m.gathered + m.optimizer) / GB:.1f} GB, "
-            f"activations {m.activations / GB:.1f} GB); that is the knob that gets closest: "
-            "add devices, offload to host, or a larger device"
-            + (f" (or relax {fixed})" if fixed else ""),
+            f"{self.budget / GB:.1f} GB usable: the smallest plan ({describe(k)}) needs "
+            f"{need / GB:.1f} GB per device (model state {state / GB:.1f} GB, activations "
+            f"{m.activations / GB:.1f} GB); the knob that gets closest: "
+            + self._advice(analysis, need, m, more)
+            + relax
+            + also,
             smallest_bytes=need,
-            closest=closest,
+            closest=describe(k),
         )
+
+    def _advice(self, analysis: ModelAnalysis, need: int, m: Memory, more: str) -> str:
+        device = f"a device of at least {need / self.headroom / GB:.0f} GB (--gpu-gb)"
+        if more:
+            return f"{more}, or {device}"
+        if m.activations > m.params + m.grads + m.optimizer:
+            return (
+                f"{device}; more devices do not help: the activations of one sequence of "
+                f"{analysis.seq_len} with every layer checkpointed do not shrink with dp, so "
+                "shorten the sequence (--seq-len) or give tp or sp a device count that divides "
+                f"the {analysis.heads} heads"
+            )
+        return device
+
+    def _devices_to_fit(self, analysis: ModelAnalysis, cluster: Cluster) -> str:
+        """'N devices (the plan)' for the fewest doublings of the nodes at which the most
+        frugal plan of a layout fits, or "" when none up to 2^MAX_DOUBLINGS does."""
+        from . import space
+        from .memory import peak_memory
+
+        for i in range(1, MAX_DOUBLINGS + 1):
+            bigger = replace(cluster, nodes=cluster.nodes * 2**i)
+            for dp, tp, pp, sp in space.layouts(analysis, bigger, {"pp": 1}):
+                if space.why_illegal_layout(analysis, bigger, tp, pp, sp):
+                    continue
+                k = Knobs(
+                    dp=dp,
+                    tp=tp,
+                    sp=sp,
+                    zero_stage=2 if tp * sp > 1 else 3,
+                    offload="host",
+                    offload_fraction=1.0,
+                    ckpt=1.0,
+                    precision=self.precision,
+                )
+                m = peak_memory(analysis, bigger, k)
+                if m.device <= self.budget and m.host <= self.host_budget:
+                    return (
+                        f"{bigger.world} devices ({bigger.nodes} nodes of {bigger.per_node}: "
+                        f"{describe(k)} fits)"
+                    )
+        return ""
 
 
 def _why_slower(c: Candidate, winner: Candidate) -> str:

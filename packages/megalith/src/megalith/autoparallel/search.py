@@ -3,7 +3,8 @@ by predicted step time, with a reason for the winner and for each family it beat
 
 Pruning, so that a 70B model over 1,024 GPUs plans in seconds:
 - a layout (dp, tp, pp, sp) or ZeRO stage whose smallest configuration (micro-batch 1,
-  every layer checkpointed, the most offloaded) does not fit is dropped whole;
+  every layer checkpointed, the most offloaded) does not fit the device is dropped whole
+  (the host is checked plan by plan: a smaller offloaded share may fit it);
 - at one micro-batch size only the first configuration that fits in the order
   (checkpointing 0, 0.5, 1) x (offload none, then growing shares) is kept: more
   checkpointing or offloading at the same micro-batch only adds time (dominated);
@@ -62,18 +63,21 @@ def search(
             + ", ".join(space.KNOBS)
         )
     constraints = {k: v for k, v in constraints.items() if v is not None}
+    _check(cluster, memory_headroom, top, max_micro_batch)
     seqs = _sequences(analysis, global_batch_tokens)
     device = cluster.device_memory_bytes or cluster.profile.device_memory_bytes
     host = cluster.host_memory_bytes or cluster.profile.host_memory_bytes
+    budget = int(device * memory_headroom)
+    host_budget = int(host * memory_headroom) // cluster.per_node
     ctx = _Context(
         analysis,
         cluster,
         model,
         constraints,
-        budget=int(device * memory_headroom),
-        host_budget=int(host * memory_headroom) // cluster.per_node,
+        budget=budget,
+        host_budget=host_budget,
         max_micro_batch=max_micro_batch,
-        record=explain.Record(budget=int(device * memory_headroom)),
+        record=explain.Record(budget, host_budget, memory_headroom, precision),
     )
     pool: list[tuple[float, int, Knobs, Memory]] = []
     for dp, tp, pp, sp in space.layouts(analysis, cluster, constraints):
@@ -106,6 +110,28 @@ class _Context:
     record: explain.Record
 
 
+def _check(cluster: Cluster, headroom: float, top: int, max_micro_batch: int) -> None:
+    """The cluster and the search's own settings, before any work."""
+    for name, value in (("nodes", cluster.nodes), ("gpus_per_node", cluster.per_node)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"search: cluster {name}={value!r}; give an int >= 1")
+    for name, value in (
+        ("device_memory_bytes", cluster.device_memory_bytes),
+        ("host_memory_bytes", cluster.host_memory_bytes),
+    ):
+        if value is not None and value <= 0:
+            raise ValueError(f"search: cluster {name}={value}; give a positive byte count")
+    if cluster.nodes > 1 and cluster.inter_node is None:
+        raise ValueError(
+            f"search: a cluster of {cluster.nodes} nodes needs inter_node, the link between "
+            "nodes (AlphaBeta(latency_s, bandwidth) per node, each way)"
+        )
+    if not 0.0 < headroom <= 1.0:
+        raise ValueError(f"search: memory_headroom={headroom}; give the usable share in (0, 1]")
+    if top < 1 or max_micro_batch < 1:
+        raise ValueError(f"search: top={top}, max_micro_batch={max_micro_batch}; both >= 1")
+
+
 def _sequences(analysis: ModelAnalysis, global_batch_tokens: int) -> int:
     seq = analysis.seq_len
     if global_batch_tokens < seq or global_batch_tokens % seq:
@@ -135,7 +161,7 @@ def _fitting(ctx: _Context, base: Knobs, per_rank: int) -> Iterator[tuple[Knobs,
             if not (micro and ckpts and offloads):
                 continue
             smallest = _knobs(base, stage, schedule, offloads[-1], micro[0], per_rank, ckpts[-1])
-            if smallest is None or not _fits(ctx, smallest):
+            if smallest is None or not _fits(ctx, smallest, device_only=True):
                 continue
             for b in micro:
                 found = False
@@ -179,13 +205,16 @@ def _knobs(
     )
 
 
-def _fits(ctx: _Context, k: Knobs) -> Memory | None:
+def _fits(ctx: _Context, k: Knobs, device_only: bool = False) -> Memory | None:
+    """k's memory if it fits the device and the host (device_only: the device; the
+    pre-check of a family's most frugal plan, whose full offload may overflow a host that
+    a smaller share fits)."""
     try:
         m = peak_memory(ctx.analysis, ctx.cluster, k, ctx.model)
     except ValueError as e:  # a schedule that cannot run these counts
         ctx.record.illegal(f"{k.schedule} at pp={k.pp}, {k.num_microbatches} micro-batches: {e}")
         return None
-    if m.device > ctx.budget or m.host > ctx.host_budget:
+    if m.device > ctx.budget or (m.host > ctx.host_budget and not device_only):
         ctx.record.too_big(k, m)
         return None
     return m

@@ -5,6 +5,7 @@ on the meta device.
     megalith plan --model gpt-6.7b --plugin zero2 --offload host
     megalith plan --model gpt-13b --layers 57 --offload host+nvme \\
         --device-budget-gb 60 --host-budget-gb 110 --gpu-gb 139
+    megalith plan --auto --model llama-7b --profile h200 --gpus 8   # the planner chooses
 
 Per rank: the chunks per tier, the device bytes by kind (working params, gradients,
 gathered chunks, masters and optimizer states), host and NVMe bytes. Activations come
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from megalith.cli import plan_auto
 from megalith.cli.options import add_strategy_options
 
 if TYPE_CHECKING:
@@ -37,13 +39,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--layers", type=int, default=0, help="override the preset's layer count")
     p.add_argument("--world", type=int, default=1, help="data-parallel ranks (default: 1)")
     p.add_argument(
-        "--gpu-gb", type=float, default=None, help="say whether the device bytes fit this much"
+        "--gpu-gb",
+        type=float,
+        default=None,
+        help="say whether the device bytes fit this much; with --auto: memory per device",
     )
+    plan_auto.add_options(p)
     p.set_defaults(func=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.auto:
+        return plan_auto.run(args)
+    stray = plan_auto.auto_only(args)
+    if stray:
+        raise SystemExit(f"megalith plan: {stray} plans with the planner: add --auto")
     import torch
 
     from megalith import models
