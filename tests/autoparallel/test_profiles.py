@@ -23,6 +23,20 @@ def test_builtin_ci_profile_round_trips(tmp_path):
     assert MachineProfile.load(path) == p == load_profile(path)
 
 
+def test_builtin_h200_profile_is_the_measured_box_with_nvlink_groups():
+    """h200.json: calibrate's figures from the lent H200 (benchmarks/results/autoparallel/
+    2026-12-02_h200_calibrate.txt) and collectives at 2 (measured) and 8 GPUs (published)."""
+    p = load_profile("h200")
+    assert p.device == "cuda" and p.transport == "nccl" and p.devices_per_node == 8
+    assert 5e14 < p.matmul["bf16"]["large"] < 9.9e14  # under the datasheet's dense peak
+    assert 3e12 < p.memory_bandwidth < 4.8e12 and 2e10 < p.h2d_bandwidth < 6.4e10
+    for op in ("all_reduce", "reduce_scatter", "all_gather"):
+        assert set(p.collectives[op]) == {"2", "8"}
+        # one NVLink-4 rate at 8 under the ring model: busbw 460 GB/s
+        assert math.isclose(p.collectives[op]["8"].bandwidth * ring_factor(op, 8), 460e9)
+    assert "PUBLISHED" in p.measured
+
+
 def test_unknown_profile_names_the_fix():
     with pytest.raises(ValueError, match="megalith calibrate --out"):
         load_profile("no-such-machine")
