@@ -127,7 +127,8 @@ class Booster:
     control precision (TorchDDPPlugin: torch AMP); a plugin that does (the ZeRO, FSDP
     and hybrid plugins) keeps its own precision= and the Booster's is ignored, with a
     warning when they differ, as in ColossalAI. plugin: a Plugin, or a name
-    ("ddp", "zero1", "zero2", "gemini"; mixed_precision is then its precision); None:
+    ("ddp", "zero1", "zero2", "gemini"; mixed_precision is then its precision; "auto":
+    AutoPlugin, which plans at boost() and runs the plugin it chooses); None:
     TorchDDPPlugin."""
 
     def __init__(
@@ -318,6 +319,15 @@ class Booster:
         low_cpu_mem_mode: bool = True,
         num_threads: int = 1,
     ) -> None:
+        """Into a boosted model: each rank reads its part (the plugin's CheckpointIO).
+        Into a model not boosted yet that was built lazily (megalith.lazy) or on the meta
+        device: each tensor read into storage of its own (megalith.pretrained.load_into),
+        from any safetensors checkpoint transformers or megalith wrote."""
+        if _unboosted_meta(model):
+            from ..pretrained import load_into
+
+            load_into(model, checkpoint, strict=strict)
+            return
         self.checkpoint_io.load_model(
             model,
             checkpoint,
@@ -362,6 +372,14 @@ class Booster:
 
     def load_lr_scheduler(self, lr_scheduler: Any, checkpoint: str) -> None:
         self.checkpoint_io.load_lr_scheduler(lr_scheduler, checkpoint)
+
+
+def _unboosted_meta(model: Any) -> bool:
+    from .wrappers import ModelWrapper
+
+    if isinstance(model, ModelWrapper) or not isinstance(model, torch.nn.Module):
+        return False
+    return any(t.is_meta for t in [*model.parameters(), *model.buffers()])
 
 
 def _require_peft() -> None:

@@ -1,8 +1,9 @@
 """Booster plugins. Names as strings: "ddp"/"gpu"/"torch_ddp", "zero1", "zero2"
-(LowLevelZeroPlugin), "gemini"/"zero3" (GeminiPlugin)."""
+(LowLevelZeroPlugin), "gemini"/"zero3" (GeminiPlugin), "auto" (AutoPlugin: the planner chooses)."""
 
 from __future__ import annotations
 
+from .auto_plugin import AutoPlugin
 from .base import Plugin
 from .dp_plugin_base import DPPluginBase
 from .hybrid import HybridParallelPlugin
@@ -10,7 +11,7 @@ from .torch_ddp import TorchDDPPlugin
 from .torch_fsdp import TorchFSDPPlugin
 from .zero import GeminiPlugin, LowLevelZeroPlugin
 
-NAMES = ("ddp", "gpu", "torch_ddp", "zero1", "zero2", "low_level_zero", "gemini", "zero3")
+NAMES = ("ddp", "gpu", "torch_ddp", "zero1", "zero2", "low_level_zero", "gemini", "zero3", "auto")
 
 
 def plugin_from_name(name: str, precision: str | None = None) -> Plugin:
@@ -24,6 +25,8 @@ def plugin_from_name(name: str, precision: str | None = None) -> Plugin:
         return LowLevelZeroPlugin(stage=1 if key == "zero1" else 2, precision=p)
     if key in ("gemini", "zero3"):
         return GeminiPlugin(precision=p)
+    if key == "auto":
+        return AutoPlugin(precision=precision)
     raise ValueError(
         f"unknown plugin {name!r}; expected one of: {', '.join(NAMES)} (or a Plugin object)"
     )
@@ -31,6 +34,7 @@ def plugin_from_name(name: str, precision: str | None = None) -> Plugin:
 
 __all__ = [
     "NAMES",
+    "AutoPlugin",
     "DPPluginBase",
     "GeminiPlugin",
     "HybridParallelPlugin",

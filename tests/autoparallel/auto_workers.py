@@ -1,0 +1,104 @@
+"""What each rank runs in the AutoPlugin tests: a small GPT trained under whatever the
+planner chose, each data-parallel rank on its share of one global batch, and the plain
+single-process torch run of the same model and data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+import megalith_comm as comm
+
+SEQ, BATCH, STEPS, VOCAB = 16, 8, 6, 128
+SIZES = {"vocab_size": VOCAB, "d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 256}
+
+
+@dataclass(frozen=True)
+class Setting:
+    seed: int
+    #: "roomy": the planner's free choice; "tight": a device budget just under the roomy
+    #: choice's predicted peak, so it must choose something that needs less memory
+    budget: str = "roomy"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def make_model(seed: int, **overrides: Any) -> torch.nn.Module:
+    from megalith import models
+
+    return models.create(
+        "gpt-tiny", device="cpu", seed=seed, max_seq_len=2 * SEQ, **{**SIZES, **overrides}
+    )
+
+
+def batches(seed: int) -> list[torch.Tensor]:
+    """Two random batches in turn (so that six steps visibly learn them)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    two = [torch.randint(0, VOCAB, (BATCH, SEQ), generator=g) for _ in range(2)]
+    return [two[i % 2] for i in range(STEPS)]
+
+
+def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+
+
+def plain_losses(seed: int) -> list[float]:
+    """The model on the whole global batch in one process: the reference."""
+    model = make_model(seed)
+    opt = _optimizer(model)
+    losses = []
+    for ids in batches(seed):
+        loss = model(ids, labels=ids)[0]
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach().double()))
+    return losses
+
+
+def _plugin(setting: Setting, **extra: Any) -> Any:
+    from megalith.booster import AutoPlugin
+
+    return AutoPlugin(seq_len=SEQ, global_batch_tokens=SEQ * BATCH, **setting.kwargs, **extra)
+
+
+def auto_train(rank: int, setting: Setting) -> dict[str, Any]:
+    """Trains under AutoPlugin; returns the plan (as JSON), the budget and the losses."""
+    from megalith.booster import Booster
+
+    model = make_model(setting.seed)
+    budget = None
+    if setting.budget == "tight":
+        roomy = _plugin(setting).plan_for(make_model(setting.seed))
+        budget = (roomy.chosen.predicted_peak_bytes - 1) / 1e9
+        plugin = _plugin(setting, device_budget_gb=budget, memory_headroom=1.0)
+    else:
+        plugin = _plugin(setting)
+    booster = Booster(plugin=plugin)
+    opt = _optimizer(model)
+    model, opt, *_ = booster.boost(model, opt)
+    dp_rank, dp = plugin.dp_rank_size
+    per = plugin.plan.per_rank_sequences
+    assert per * dp == BATCH, (per, dp)
+    losses = []
+    for ids in batches(setting.seed):
+        mine = ids[dp_rank * per : (dp_rank + 1) * per]
+        loss = model(mine, labels=mine)[0]
+        booster.backward(loss, opt)
+        opt.step()
+        opt.zero_grad()
+        t = loss.detach().double()
+        comm.all_reduce(t, op="avg")  # a tp group's ranks hold the same loss
+        losses.append(float(t))
+    return {"plan": plugin.plan.to_json(), "budget": budget, "losses": losses}
+
+
+def odd_model_on_rank_1(rank: int, seed: int) -> str:
+    """Rank 1 builds another model: every rank must fail at the plan, naming the rank."""
+    model = make_model(seed, n_layers=3 if rank == 1 else 2)
+    try:
+        _plugin(Setting(seed)).plan_for(model)
+    except ValueError as e:
+        return str(e)
+    return "planned"
