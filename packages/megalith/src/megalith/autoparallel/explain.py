@@ -93,7 +93,9 @@ class Record:
         fixed = ", ".join(f"{k}={v}" for k, v in constraints.items())
         relax = f" (or relax the constraint(s) {fixed})" if fixed else ""
         # the layouts every world rules out (sp beside a pipeline) say nothing about this one
-        ruled_out = "; ".join([r for r in self.reasons if "without a pipeline" not in r][:4])
+        # (the heads' divisibility first: it is what a device count gets wrong)
+        kept = [r for r in self.reasons if "without a pipeline" not in r]
+        ruled_out = "; ".join(sorted(kept, key=lambda r: "heads" not in r)[:4])
         if self.smallest is None and self.host_bound is None:
             return NoFeasiblePlan(
                 f"no legal plan for {analysis.model} on {cluster.world} devices"
@@ -135,7 +137,8 @@ class Record:
         )
 
     def _advice(self, analysis: ModelAnalysis, need: int, m: Memory, more: str) -> str:
-        device = f"a device of at least {need / self.headroom / GB:.0f} GB (--gpu-gb)"
+        least = need / self.headroom / GB
+        device = f"a device of at least {least:.{0 if least >= 100 else 1}f} GB (--gpu-gb)"
         if more:
             return f"{more}, or {device}"
         if m.activations > m.params + m.grads + m.optimizer:

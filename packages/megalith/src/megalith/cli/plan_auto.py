@@ -30,9 +30,9 @@ if TYPE_CHECKING:
 
 GB = 1e9
 GIB = 2**30
-#: the global batch when none is given: about this many tokens, a whole number of
-#: sequences per device
-DEFAULT_BATCH_TOKENS = 2**20
+#: the global batch when none is given, per device kind: about this many tokens, a whole
+#: number of sequences per device (2^20: GPT-3's and Llama's batches are 0.5-4M tokens)
+DEFAULT_BATCH_TOKENS = {"cuda": 2**20, "cpu": 2**14}
 #: the link between nodes when --nodes > 1 and no figure is given: 8 x 400 Gb/s NICs
 DEFAULT_INTER_NODE_GBS = 400.0
 INTER_NODE_LATENCY_S = 10e-6
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         model_info = _check_model(args)
         cluster = _cluster(args)
-        seq_len, tokens = _batch(args, model_info, cluster.world)
+        seq_len, tokens = _batch(args, model_info, cluster)
     except UsageError as e:
         return _fail(str(e))
     from megalith.autoparallel import analyze
@@ -284,13 +284,14 @@ def _cluster(args: argparse.Namespace) -> Cluster:
     )
 
 
-def _batch(args: argparse.Namespace, model: _Model, world: int) -> tuple[int, int]:
+def _batch(args: argparse.Namespace, model: _Model, cluster: Cluster) -> tuple[int, int]:
     """(seq_len, global batch tokens), checked against each other."""
     seq = args.seq_len or model.max_seq_len
     tokens = args.global_batch_tokens
     if tokens is None:
-        per_device = max(1, math.ceil(DEFAULT_BATCH_TOKENS / (seq * world)))
-        return seq, seq * world * per_device
+        want = DEFAULT_BATCH_TOKENS.get(cluster.profile.device, DEFAULT_BATCH_TOKENS["cuda"])
+        per_device = max(1, math.ceil(want / (seq * cluster.world)))
+        return seq, seq * cluster.world * per_device
     if tokens % seq:
         raise UsageError(
             f"--global-batch-tokens {tokens} is not a whole number of sequences of --seq-len "
