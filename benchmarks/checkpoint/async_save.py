@@ -131,6 +131,8 @@ def main() -> None:
         waited = zero_capture.last_step_wait_s
         state.wait_saves()
         rows.append((kind, returned, stall, next_step, waited, time.perf_counter() - t0))
+        if world.rank == 0:  # as it comes: a run cut off by its time limit keeps these
+            print(f"row {r} {kind}: stall {stall:.3f} s, complete {rows[-1][-1]:.2f} s", flush=True)
         written = (sink.bytes if sink else 0) - written
     if sink:
         size, where = written, "serialised to memory and discarded (DiscardSink)"
