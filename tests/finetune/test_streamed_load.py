@@ -120,6 +120,7 @@ def test_streamed_load_under_every_plugin(checkpoints):
     bad = []
     for name, per_rank in zip(names, results):
         for r in per_rank:
-            if max(r["after_boost"], r["before_boost"]) > FP32 or False in r.values():
+            ties = [v for k, v in r.items() if k.endswith("_tied")]
+            if max(r["after_boost"], r["before_boost"]) > FP32 or not all(ties):
                 bad.append((name, r))
     assert not bad, bad
