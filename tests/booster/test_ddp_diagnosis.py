@@ -98,6 +98,106 @@ def test_hung_rank_in_ddp_backward_is_named_after_the_timeout():
     assert "rank 1 has issued 2 collective(s) on group 'world', this rank 3" in verdict["message"]
 
 
+@pytest.mark.timeout(60)
+def test_dead_rank_in_bare_backward_is_named_with_the_op():
+    """loss.backward() itself, not booster.backward: the comm hook raises the CommError."""
+    start = time.monotonic()
+    rc, stdout, stderr = _run_pair("kill-bare", timeout_s=30)[0]
+    took = time.monotonic() - start
+    assert rc == 0, f"rank 0 exited {rc}:\n{stderr[-3000:]}"
+    verdict = _verdict(stdout)
+    assert verdict["type"] == "CommError" and verdict["ranks"] == [FAIL_RANK], verdict
+    text = verdict["message"]
+    assert "DistributedDataParallel's gradient all_reduce in backward (bucket 0" in text, text
+    assert "on group 'world' failed on rank 0 of 2" in text, text
+    assert "rank 1 stopped without reporting an error" in text, text
+    assert took < 40, f"naming the dead rank took {took:.0f} s (the timeout is 30 s)"
+
+
+@pytest.mark.timeout(60)
+def test_hung_rank_in_bare_backward_is_named_after_the_timeout():
+    rc, stdout, stderr = _run_pair("hang-bare", timeout_s=4)[0]
+    assert rc == 0, f"rank 0 exited {rc}:\n{stderr[-3000:]}"
+    verdict = _verdict(stdout)
+    assert verdict["type"] == "CommError" and verdict["ranks"] == [FAIL_RANK], verdict
+    text = verdict["message"]
+    assert "after 4 s (the collective timeout)" in text, text
+    assert "rank 1 has issued 2 collective(s) on group 'world', this rank 3" in text, text
+
+
+def _hooked_values(rank: int, world_size: int) -> dict:
+    """Four steps of the boosted model (comm hook, bare backward, a no_sync accumulation,
+    then a user's hook) against torch's DDP with its built-in all_reduce on the same data,
+    and against one process on all ranks' data."""
+    import copy
+
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    import megalith_comm as comm
+    from megalith.booster import Booster, TorchDDPPlugin
+
+    torch.manual_seed(0)
+    # DDP's first bucket holds up to 1 MiB whatever bucket_cap_mb says: the last layer
+    # (the first to be reduced) is larger, so that there are two buckets.
+    net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4200))
+    single = copy.deepcopy(net)
+    start = {k: p.detach().clone() for k, p in net.named_parameters()}
+    ref = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net), bucket_cap_mb=0.002)
+    plugin = TorchDDPPlugin(bucket_cap_mb=0.002)  # several buckets of the small model
+    model, opt, *_ = Booster(plugin=plugin).boost(net, torch.optim.SGD(net.parameters(), lr=1.0))
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=1.0)
+    single_opt = torch.optim.SGD(single.parameters(), lr=1.0)
+    gens = [torch.Generator().manual_seed(100 + r) for r in range(world_size)]
+    calls: list[int] = []
+
+    def user_hook(state, bucket):
+        calls.append(bucket.index())
+        return allreduce_hook(None, bucket)
+
+    issued = comm.get_world().group.issued
+    for step in range(4):
+        xs = [torch.randn(5, 16, generator=g) for g in gens]
+        x = xs[rank]
+        sum(single(b).pow(2).mean() for b in xs).div(world_size).backward()
+        if step == 3:  # torch's allreduce_hook divides (not times 1/n): bit-equal ends here
+            bit_equal = all(
+                torch.equal(a, b) for a, b in zip(net.parameters(), ref.module.parameters())
+            )
+            model.module.register_comm_hook(None, user_hook)
+        if step == 1:  # accumulate without synchronising; the next step all-reduces both
+            with model.module.no_sync(), ref.no_sync():
+                model(x).pow(2).mean().backward()
+                ref(x).pow(2).mean().backward()
+            continue
+        model(x).pow(2).mean().backward()
+        ref(x).pow(2).mean().backward()
+        for o in (opt, ref_opt, single_opt):
+            o.step()
+            o.zero_grad()
+    with torch.no_grad():
+        mine = dict(model.unwrap().named_parameters())
+        theirs = dict(ref.module.named_parameters())
+        alone = dict(single.named_parameters())
+        return {
+            "bit_equal": bit_equal,
+            "ref_diff": max(float((mine[k] - theirs[k]).abs().max()) for k in mine),
+            "single_diff": max(float((mine[k] - alone[k]).abs().max()) for k in mine),
+            "moved": max(float((alone[k] - start[k]).abs().max()) for k in alone),
+            "issued": comm.get_world().group.issued - issued,
+            "user_calls": sorted(set(calls)),
+        }
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_comm_hook_gives_torch_ddp_values_bit_for_bit(world_size):
+    for r in run_distributed(_hooked_values, world_size, world_size, timeout=100):
+        assert r["bit_equal"] and r["ref_diff"] < 1e-6, r
+        assert r["single_diff"] < 1e-6 and r["moved"] > 1e-3, r
+        assert len(r["user_calls"]) > 1 and r["user_calls"][0] == 0, r
+        assert r["issued"] == 3, r  # one per synchronising backward (steps 0, 2, 3)
+
+
 def _meta_model(rank: int) -> str:
     from megalith.booster import Booster, TorchDDPPlugin
 
@@ -134,10 +234,13 @@ def _train(mode: str) -> None:
             x = torch.randn(8, 16, generator=g)
             loss = model(x).pow(2).mean()
             if step == 2 and world.rank == FAIL_RANK:
-                if mode == "kill":
+                if mode.startswith("kill"):
                     os.kill(os.getpid(), signal.SIGKILL)
                 time.sleep(600)  # hang: alive, its heartbeat beating
-            booster.backward(loss, opt)
+            if mode.endswith("bare"):
+                loss.backward()  # torch's own backward: the comm hook diagnoses
+            else:
+                booster.backward(loss, opt)
             opt.step()
             opt.zero_grad()
     except Exception as exc:

@@ -10,7 +10,8 @@ into its buckets and all-reduce them (10% of a 1.3B GPT's step on an H200, and a
 bucket-sized copy of the gradients in memory): the model is then wrapped in
 `OneRank`, which keeps DDP's `.module` and `no_sync()` and does nothing else.
 A failure of DDP's own collectives (a peer dead or hung) is raised as megalith_comm's
-CommError naming the rank and the op (ddp_diagnosis.py).
+CommError naming the rank and the op (ddp_diagnosis.py), from a bare loss.backward() too
+(the gradient all_reduce runs through a diagnosing DDP communication hook).
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ from megalith.strategy import Strategy
 
 from ..wrappers import ModelWrapper, OptimizerWrapper, _total_norm
 from .base import StrategyPlugin, check_precision, peft_model, warn_non_defaults, world
-from .ddp_diagnosis import BACKWARD, BUILD, FORWARD, count_sync, diagnosed, refuse_meta
+from .ddp_diagnosis import (
+    BACKWARD,
+    BUILD,
+    FORWARD,
+    count_sync,
+    diagnosed,
+    install_hook,
+    refuse_meta,
+)
 from .dp_plugin_base import DPPluginBase
 
 if TYPE_CHECKING:
@@ -246,6 +255,7 @@ class TorchDDPPlugin(StrategyPlugin, DPPluginBase):
         else:
             with diagnosed(BUILD):
                 ddp = torch.nn.parallel.DistributedDataParallel(model, **self.ddp_kwargs)
+            install_hook(ddp)
         wrapped = DDPModel(ddp, self.precision, user)
         opt = optimizer
         if optimizer is not None and not isinstance(optimizer, OptimizerWrapper):
