@@ -3,6 +3,7 @@ that could not run (no plan of the family fits, or its layouts are illegal here)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -43,6 +44,12 @@ PART_NAMES = {
     "param_gather": "the parameter all-gather",
     "host_step": "the host step",
 }
+
+
+def _gb_up(nbytes: float) -> str:
+    """GB rounded up (a figure to give back as a budget must not fall short)."""
+    gb = nbytes / GB
+    return f"{math.ceil(gb)}" if gb >= 100 else f"{math.ceil(gb * 10) / 10:.1f}"
 
 
 def describe(c: Any) -> str:
@@ -115,7 +122,7 @@ class Record:
                 f"({describe(k)}) fits the device ({m.device / GB:.1f} of {self.budget / GB:.1f} "
                 f"GB usable) but keeps {host / GB:.1f} GB per rank on the host, over the "
                 f"{self.host_budget / GB:.1f} GB usable per rank; the knob that gets closest is "
-                f"host memory: give at least {per_node / GB:.0f} GB per node (--host-gb)"
+                f"host memory: give at least {_gb_up(per_node)} GB per node (--host-gb)"
                 + (f", or {more}" if more else "")
                 + relax
                 + also,
@@ -137,8 +144,7 @@ class Record:
         )
 
     def _advice(self, analysis: ModelAnalysis, need: int, m: Memory, more: str) -> str:
-        least = need / self.headroom / GB
-        device = f"a device of at least {least:.{0 if least >= 100 else 1}f} GB (--gpu-gb)"
+        device = f"a device of at least {_gb_up(need / self.headroom)} GB (--gpu-gb)"
         if more:
             return f"{more}, or {device}"
         if m.activations > m.params + m.grads + m.optimizer:

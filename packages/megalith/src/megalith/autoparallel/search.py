@@ -25,7 +25,7 @@ from typing import Any
 
 from . import explain, space
 from .cost import score, step_parts
-from .knobs import CHUNKS, Knobs
+from .knobs import CHUNKS, OFFLOADS, SCHEDULES, Knobs
 from .memory import Memory, peak_memory
 from .types import Candidate, Cluster, ModelAnalysis
 
@@ -64,6 +64,7 @@ def search(
         )
     constraints = {k: v for k, v in constraints.items() if v is not None}
     _check(cluster, memory_headroom, top, max_micro_batch)
+    _check_constraints(constraints)
     seqs = _sequences(analysis, global_batch_tokens)
     device = cluster.device_memory_bytes or cluster.profile.device_memory_bytes
     host = cluster.host_memory_bytes or cluster.profile.host_memory_bytes
@@ -80,7 +81,17 @@ def search(
         record=explain.Record(budget, host_budget, memory_headroom, precision),
     )
     pool: list[tuple[float, int, Knobs, Memory]] = []
-    for dp, tp, pp, sp in space.layouts(analysis, cluster, constraints):
+    layouts = list(space.layouts(analysis, cluster, constraints))
+    if not layouts:
+        fixed = ", ".join(
+            f"{k}={constraints[k]}" for k in ("dp", "tp", "pp", "sp") if k in constraints
+        )
+        ctx.record.illegal(
+            f"{fixed or 'the layout'}: no dp x tp x pp x sp of the world of {cluster.world} has "
+            f"it (tp divides the {cluster.per_node} devices of a node, dp x tp x pp x sp = "
+            f"{cluster.world})"
+        )
+    for dp, tp, pp, sp in layouts:
         why = space.why_illegal_layout(analysis, cluster, tp, pp, sp)
         if why is None and seqs % dp:
             why = f"dp={dp}: the global batch of {seqs} sequences does not divide by it"
@@ -132,6 +143,35 @@ def _check(cluster: Cluster, headroom: float, top: int, max_micro_batch: int) ->
         raise ValueError(f"search: top={top}, max_micro_batch={max_micro_batch}; both >= 1")
 
 
+#: what each constraint may be (a value, or a collection of them)
+_DOMAINS: dict[str, Any] = {
+    **{k: "an int >= 1" for k in ("dp", "tp", "pp", "sp", "micro_batch", "num_microbatches")},
+    "zero_stage": (0, 1, 2, 3),
+    "offload": OFFLOADS,
+    "schedule": SCHEDULES,
+    "offload_fraction": "a share in [0, 1]",
+    "ckpt": "a share in [0, 1]",
+}
+
+
+def _check_constraints(constraints: dict[str, Any]) -> None:
+    for name, want in constraints.items():
+        values = want if isinstance(want, (tuple, list, set, frozenset)) else [want]
+        domain = _DOMAINS[name]
+        for v in values:
+            if isinstance(domain, tuple):
+                ok = v in domain
+            elif domain.startswith("an int"):
+                ok = isinstance(v, int) and not isinstance(v, bool) and v >= 1
+            else:
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
+            if not ok:
+                raise ValueError(
+                    f"search: constraint {name}={want!r}: {v!r} is not "
+                    + (f"one of {domain}" if isinstance(domain, tuple) else domain)
+                )
+
+
 def _sequences(analysis: ModelAnalysis, global_batch_tokens: int) -> int:
     seq = analysis.seq_len
     if global_batch_tokens < seq or global_batch_tokens % seq:
@@ -145,15 +185,43 @@ def _sequences(analysis: ModelAnalysis, global_batch_tokens: int) -> int:
 def _fitting(ctx: _Context, base: Knobs, per_rank: int) -> Iterator[tuple[Knobs, Memory]]:
     """(knobs, memory) of every undominated plan of one layout that fits."""
     hybrid = base.tp * base.pp * base.sp > 1
+    c, record = ctx.constraints, ctx.record
     micro = [b for b in space.divisors(per_rank) if b <= ctx.max_micro_batch]
-    micro = space.allowed(ctx.constraints, "micro_batch", micro)
-    ckpts = space.allowed(ctx.constraints, "ckpt", space.CKPT_SHARES)
+    micro = space.allowed(c, "micro_batch", micro)
+    micro = [b for b in micro if space.allowed(c, "num_microbatches", [per_rank // b])]
+    if not micro:
+        record.illegal(
+            f"dp={base.dp}: {per_rank} sequences per dp rank, no micro-batch of at most "
+            f"{ctx.max_micro_batch} of them that the micro_batch / num_microbatches "
+            "constraints allow"
+        )
+    ckpts = space.allowed(c, "ckpt", space.CKPT_SHARES)
+    if not ckpts:
+        record.illegal(f"ckpt={c['ckpt']}: the shares the search tries are {space.CKPT_SHARES}")
     layers = ctx.analysis.layers
-    for stage in space.zero_stages(hybrid, ctx.constraints):
-        offloads = space.offloads(hybrid, stage, ctx.constraints)
-        for schedule in space.schedules(base.pp, ctx.constraints):
+    stages = space.zero_stages(hybrid, c)
+    if not stages:
+        record.illegal(
+            f"zero_stage={c['zero_stage']} with tp={base.tp} pp={base.pp} sp={base.sp}: the "
+            "hybrid plugin runs ZeRO stages 0-2"
+        )
+    for stage in stages:
+        offloads = space.offloads(hybrid, stage, c)
+        if not offloads:
+            record.illegal(
+                f"offload={c.get('offload')} offload_fraction={c.get('offload_fraction')} at "
+                f"zero_stage={stage}{' (hybrid: all or nothing)' if hybrid else ''}: "
+                f"offloading needs ZeRO stage >= 1, a share in {space.OFFLOAD_FRACTIONS}"
+            )
+        schedules = space.schedules(base.pp, c)
+        if not schedules:
+            record.illegal(
+                f"schedule={c['schedule']} at pp={base.pp}: pp > 1 takes 1f1b, interleaved "
+                "or zbv, pp = 1 takes none"
+            )
+        for schedule in schedules:
             if base.pp * CHUNKS[schedule] > layers:
-                ctx.record.illegal(
+                record.illegal(
                     f"pp={base.pp} x {CHUNKS[schedule]} chunks of {schedule}: "
                     f"more stages than the {layers} layers"
                 )
@@ -161,7 +229,14 @@ def _fitting(ctx: _Context, base: Knobs, per_rank: int) -> Iterator[tuple[Knobs,
             if not (micro and ckpts and offloads):
                 continue
             smallest = _knobs(base, stage, schedule, offloads[-1], micro[0], per_rank, ckpts[-1])
-            if smallest is None or not _fits(ctx, smallest, device_only=True):
+            if smallest is None:
+                groups = " (or not in groups of pp)" if schedule == "interleaved" else ""
+                record.illegal(
+                    f"pp={base.pp} {schedule}: {per_rank} sequences per dp rank in "
+                    f"micro-batches of {micro[0]} or more are fewer than the stages{groups}"
+                )
+                continue
+            if not _fits(ctx, smallest, device_only=True):
                 continue
             for b in micro:
                 found = False
