@@ -53,17 +53,24 @@ class _NvmeMasters(argparse.Action):
 
 
 def add_strategy_options(
-    p: argparse.ArgumentParser, *, plugin: str, precision: str | None, precision_help: str
+    p: argparse.ArgumentParser,
+    *,
+    plugin: str,
+    precision: str | None,
+    precision_help: str,
+    auto: bool = False,
 ) -> None:
     """Adds the options a Strategy is read from; `plugin` and `precision` are this
-    command's defaults (precision None: Strategy.from_cli's default_precision)."""
+    command's defaults (precision None: Strategy.from_cli's default_precision); auto:
+    --plugin auto too (the planner chooses; megalith train)."""
     g = p.add_argument_group("strategy")
     g.add_argument(
         "--plugin",
         default=plugin,
-        choices=PLUGINS,
-        help=f"parallelism: ddp, zero1, zero2 (ZeRO stage 1, 2) or gemini (stage 3) "
-        f"(default: {plugin})",
+        choices=(*PLUGINS, "auto") if auto else PLUGINS,
+        help="parallelism: ddp, zero1, zero2 (ZeRO stage 1, 2) or gemini (stage 3)"
+        + (", or auto (the planner chooses, and writes plan.json)" if auto else "")
+        + f" (default: {plugin})",
     )
     g.add_argument(
         "--stage", dest="plugin", type=int, choices=(1, 2, 3), action=_Stage,

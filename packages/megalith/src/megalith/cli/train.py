@@ -3,6 +3,7 @@ local GPU or on 2 CPU ranks, with a progress bar, metrics, a plot and checkpoint
 
     megalith train                                  # gpt-tiny, DDP, built-in Shakespeare
     megalith train --plugin zero2 --steps 1000      # ZeRO stage 2
+    megalith train --plugin auto                    # the planner chooses (runs/NAME/plan.json)
     megalith train --resume                         # continue this run from its last checkpoint
 
 Without RANK in the environment it starts the ranks itself through `megalith run`
@@ -47,10 +48,14 @@ def run(args: argparse.Namespace) -> int:
     from megalith.cli.main import main
     from megalith.strategy import Strategy
     from megalith.testing.spawn import free_port
+    from megalith.train import auto
     from megalith.train.options import to_argv
 
     try:  # once, here, before any rank starts (the ranks check again)
-        Strategy.from_cli(args)
+        if auto.is_auto(args):
+            auto.check_args(args)
+        else:
+            Strategy.from_cli(args)
     except ValueError as e:
         raise SystemExit(f"megalith train: {e}") from None
     nproc = _ranks(args.nproc)

@@ -17,20 +17,26 @@ import torch
 import megalith_comm as comm
 from megalith.strategy import Strategy
 
+from . import auto, state
 from . import corpus as text
-from . import state
 from .plot import write_png
 from .progress import Metrics, Progress, human_bytes
 
 
-def _strategy(args: argparse.Namespace, device: torch.device) -> Strategy:
-    """The run's Strategy; every rank fails here, before any collective, on options that
-    cannot work."""
+def _strategy(args: argparse.Namespace, device: torch.device) -> Strategy | None:
+    """The run's Strategy (None for --plugin auto: the plan's, after boost); every rank
+    fails here, before any collective, on options that cannot work."""
     for name in ("steps", "batch_size", "seq_len", "eval_batches", "save_every", "eval_every"):
         if getattr(args, name) < 1:
             raise SystemExit(
                 f"megalith train: --{name.replace('_', '-')} {getattr(args, name)}; expected >= 1"
             )
+    if auto.is_auto(args):
+        try:
+            auto.check_args(args)
+        except ValueError as e:
+            raise SystemExit(f"megalith train: {e}") from None
+        return None
     try:
         strategy = Strategy.from_cli(
             args, default_precision="bf16" if device.type == "cuda" else "fp32"
@@ -72,6 +78,7 @@ class Run:
     data: text.Corpus
     run_dir: Path
     n_params: int
+    auto: Any = None  # --plugin auto: the AutoPlugin (its plan)
 
 
 def _peak_bytes(model: Any) -> int:
@@ -133,9 +140,10 @@ def _train(args: argparse.Namespace) -> int:
     torch.set_num_threads(
         max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", size)))
     )
-    name = args.name or f"{args.model}-{strategy.plugin}"
+    name = args.name or f"{args.model}-{strategy.plugin if strategy else 'auto'}"
     run_dir = Path(args.out) / name
-    strategy = _swap_in(strategy, run_dir, name)
+    if strategy is not None:
+        strategy = _swap_in(strategy, run_dir, name)
     data = text.load(args.data, 20 * (args.seq_len + 1))
 
     overrides: dict[str, Any] = {"vocab_size": text.VOCAB}
@@ -154,8 +162,15 @@ def _train(args: argparse.Namespace) -> int:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(args))
     # The plugin clips to --max-norm in step(); with offload and neither clipping nor fp16
     # it updates host chunks during backward.
-    booster = Booster(plugin=strategy.make_plugin())
+    if strategy is None:
+        precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+        plugin = auto.make_plugin(args, size, precision)
+    else:
+        plugin = strategy.make_plugin()
+    booster = Booster(plugin=plugin)
     model, optimizer, _, _, scheduler = booster.boost(model, optimizer, lr_scheduler=scheduler)
+    planned = plugin if strategy is None else None
+    strategy = strategy or plugin.strategy
     try:
         run = Run(
             args=args,
@@ -167,6 +182,7 @@ def _train(args: argparse.Namespace) -> int:
             data=data,
             run_dir=run_dir,
             n_params=n_params,
+            auto=planned,
         )
         return _loop(run)
     finally:
@@ -191,12 +207,14 @@ def _loop(run: Run) -> int:
         start = int(state.load(booster, model, optimizer, scheduler, found)["step"])
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
+        if run.auto is not None:
+            auto.write_plan(run_dir, run.auto)
     metrics = Metrics(run_dir / "metrics.jsonl", rank == 0)
     metrics.truncate_after(start)
     if rank == 0:
         print(
             f"megalith train: {args.model} ({run.n_params / 1e6:.2f} M params) on {size} "
-            f"{device.type} rank(s), plugin {run.strategy.plugin}"
+            f"{device.type} rank(s), plugin {_plugin_words(run)}"
             + _offload_words(run)
             + f", {run.strategy.precision}; {data.name}: {len(data.train) / 1e6:.2f} MB train, "
             f"unigram baseline {data.unigram_nats:.3f} nats"
@@ -205,15 +223,18 @@ def _loop(run: Run) -> int:
         )
     bar = Progress(args.steps, start) if rank == 0 else None
     tokens_per_step = args.batch_size * args.seq_len * size
+    # each data-parallel rank feeds its share of the global batch (all ranks but under tp/sp)
+    dp_rank, dp = booster.plugin.dp_rank_size
+    per_rank = args.batch_size * size // dp
     last_val = float("nan")
     ckpt_path = None
     t_run = time.perf_counter()
     for step in range(start + 1, args.steps + 1):
         ids = text.batch(
             data.train,
-            args.batch_size,
+            per_rank,
             args.seq_len,
-            text.batch_generator(args.seed, step, rank, "train"),
+            text.batch_generator(args.seed, step, dp_rank, "train"),
         )
         ids = ids.to(device)
         t0 = time.perf_counter()
@@ -234,7 +255,7 @@ def _loop(run: Run) -> int:
             "peak_bytes": _peak_bytes(model),
         }
         if step % args.eval_every == 0 or step == args.steps:
-            last_val = _validate(model, data, args, rank, device)
+            last_val = _validate(model, data, args, dp_rank, device)
             row["val_loss"] = last_val
         metrics.write(row)
         if bar:
@@ -269,13 +290,18 @@ def _loop(run: Run) -> int:
     return 0
 
 
+def _plugin_words(run: Run) -> str:
+    return f"auto -> {run.strategy.plugin}" if run.auto is not None else run.strategy.plugin
+
+
 def _offload_words(run: Run) -> str:
     """ " (offload nvme, masters on nvme)": --offload's word and where the masters went."""
     offload = run.strategy.offload
     if offload is None:
         return ""
     masters = ", masters on nvme" if offload.master_tier == "nvme" else ""
-    return f" (offload {run.args.offload}{masters})"
+    word = offload.tier if run.args.offload == "none" else run.args.offload  # auto's choice
+    return f" (offload {word}{masters})"
 
 
 def _offloaded(model: Any) -> str | None:
@@ -324,7 +350,7 @@ def _summary(
         ("model", f"{args.model}, {run.n_params / 1e6:.2f} M params"),
         (
             "ranks",
-            f"{world.world_size} x {world.device.type}, plugin {run.strategy.plugin}"
+            f"{world.world_size} x {world.device.type}, plugin {_plugin_words(run)}"
             + _offload_words(run),
         ),
         ("steps", f"{rows[-1]['step']} ({seconds:.0f} s this session)"),
@@ -336,9 +362,11 @@ def _summary(
             f"{tok_s:,.0f} (step {sum(r['step_s'] for r in steady) / len(steady) * 1e3:.0f} ms)",
         ),
         ("peak memory / rank", human_bytes(max(r["peak_bytes"] for r in rows))),
+        *(auto.summary_rows(run.auto, steady, world.device.type) if run.auto else []),
         *([("offloaded / rank", offloaded)] if offloaded else []),
         ("checkpoint", str(ckpt) if ckpt else "-"),
         ("metrics", str(run_dir / "metrics.jsonl")),
+        *([("plan.json", str(run_dir / "plan.json"))] if run.auto else []),
         ("plot", str(run_dir / "curves.png")),
     ]
     width = max(len(k) for k, _ in table)

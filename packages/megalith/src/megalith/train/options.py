@@ -10,7 +10,11 @@ from megalith.cli.options import add_strategy_options
 
 def add_options(p: argparse.ArgumentParser) -> None:
     add_strategy_options(
-        p, plugin="ddp", precision=None, precision_help="default: bf16 on GPUs, fp32 on CPU ranks"
+        p,
+        plugin="ddp",
+        precision=None,
+        precision_help="default: bf16 on GPUs, fp32 on CPU ranks",
+        auto=True,
     )
     p.add_argument(
         "--model", default="gpt-tiny", help="a megalith.models preset (gpt-tiny ... llama-7b)"
