@@ -6,7 +6,8 @@ training state megalith keeps outside torch's allocator (ZeRO's flat chunks).
 A CPU rank has no caching allocator and no max_memory_allocated; resident set size
 counts the interpreter, torch's libraries and freed-but-kept heap pages too. This counts
 what the cost model counts: tensors. An op's output that aliases an input (a view, an
-in-place or out= op, per the op's schema) allocates nothing and is not counted, so the
+in-place or out= op, per the op's schema, or an output in an input's storage, as a
+collective's given buffer) allocates nothing and is not counted, so the
 engine's buffers, which reach torch through DLPack, are never counted twice; a counted
 storage that an op resizes (stage 3's gathered chunks) is re-measured at each op.
 """
@@ -55,13 +56,20 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
         out = func(*args, **(kwargs or {}))
+        inputs = {
+            id(t.untyped_storage())
+            for t in tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor) and t.device.type != "meta"
+        }
         returns = func._schema.returns
         outs = out if isinstance(out, (tuple, list)) else (out,)
         for i, o in enumerate(outs):
             aliased = i < len(returns) and returns[i].alias_info is not None
             for t in tree_leaves(o):
                 if isinstance(t, torch.Tensor):
-                    self._track(t, fresh=not aliased)
+                    # an output in an input's storage (a collective's given buffer) is not new
+                    fresh = not aliased and id(t.untyped_storage()) not in inputs
+                    self._track(t, fresh=fresh)
         return out
 
 

@@ -52,6 +52,17 @@ def collective_time(cluster: Cluster, op: str, size: int, nbytes: float, stride:
     return link.latency_s * nodes_visited + moved / share
 
 
+def latency(cluster: Cluster, op: str, size: int, stride: int = 1) -> float:
+    """The fixed cost of one more `op` on the group (what a bucketed reduction pays once
+    per bucket or chunk on top of collective_time of all its bytes)."""
+    if size <= 1:
+        return 0.0
+    if size * stride <= cluster.per_node or cluster.nodes == 1:
+        return intra_node(cluster, op, size).latency_s
+    link = cluster.inter_node or intra_node(cluster, op, size)
+    return link.latency_s * max(2, size // max(1, cluster.per_node // stride))
+
+
 def send_recv_time(cluster: Cluster, nbytes: float, across_nodes: bool) -> float:
     """One point-to-point message between pipeline neighbours."""
     if nbytes <= 0:

@@ -13,6 +13,13 @@ from .memory import TP_SHARDED_ACTIVATIONS
 from .types import BlockCost, MachineProfile
 
 BACKWARD_FACTOR = 2.0
+#: the share of the profile's kernel rates that a training step's ops reach, per device
+#: kind: calibrate times each kernel alone on a rank's share of the cores, while a step
+#: runs every rank's small ops at once (on CPU ranks that share cores, with the
+#: interpreter's cost per op). cpu: fitted on the CPU grid (benchmarks/results/
+#: autoparallel/2026-12-02_cpu_grid.md, the DDP configurations); cuda: not fitted yet
+#: (1.0 until the H200 grid is measured)
+COMPUTE_EFFICIENCY = {"cpu": 0.335, "cuda": 1.0}
 #: MachineProfile.matmul's shape classes: m * n * k below each bound
 SHAPE_CLASSES = (("small", 2**27), ("medium", 2**33))
 #: kinds of OpRecord that are not matmuls or attention (they run at memory bandwidth)
@@ -64,4 +71,5 @@ def forward_time(
         mnk = seq_len * hidden * hidden * per_rank
         t += block.matmul_flops * per_rank / matmul_rate(profile, precision, mnk)
         rest = block.fwd_bytes
-    return t + rest * (b / sp) * rest_share / bandwidth
+    t += rest * (b / sp) * rest_share / bandwidth
+    return t / COMPUTE_EFFICIENCY.get(profile.device, 1.0)

@@ -7,9 +7,11 @@ step = compute of every micro-batch (forward 1x, backward BACKWARD_FACTOR x, the
     Ulysses' all-to-alls (ULYSSES_ALL_TO_ALLS per layer each way)
   + pp messages (boundary_bytes per micro-batch each way, inside the simulated passes)
   + the dp gradient reduction that backward does not hide: max(0, comm - DP_OVERLAP x
-    the last micro-batch's backward) (all-reduce at stages 0-1, reduce-scatter at 2-3)
-  + stage 3's parameter all-gathers (forward and backward of every micro-batch), less
-    ZERO3_OVERLAP of the compute they are prefetched under
+    the last micro-batch's backward) (all-reduce at stages 0-1, reduce-scatter at 2-3),
+    one collective per bucket or chunk (`reductions`: LowLevelZero's chunk per parameter,
+    DDP's and ZeRO's buckets, stage 3's chunks), each paying the collective's latency
+  + stage 3's parameter all-gathers (forward and backward of every micro-batch, one per
+    chunk), less ZERO3_OVERLAP of the compute they are prefetched under
   + the optimizer step: on the device, masters and states at memory bandwidth
     (ADAM_BYTES_PER_PARAM), then stages 1-2 all-gather the updated parameters; the
     offloaded share on the host (host Adam rate, gradients down and parameters up),
@@ -24,24 +26,49 @@ from functools import lru_cache
 from typing import Any
 
 from . import stages
-from .collectives import collective_time, send_recv_time
+from .collectives import collective_time, latency, send_recv_time
 from .compute import BACKWARD_FACTOR, forward_time
 from .knobs import Knobs
-from .memory import Memory, peak_memory, working_bytes
+from .memory import ZERO_BUCKET_BYTES, Memory, peak_memory, working_bytes
 from .types import BlockCost, Candidate, Cluster, ModelAnalysis
 
 #: Adam's bytes moved per parameter: master, exp_avg, exp_avg_sq read and written (24),
 #: the gradient read and the working parameter written
 ADAM_BYTES_PER_PARAM = 28
 #: the share of the last backward under which the dp reduction hides (its last bucket
-#: cannot): NCCL runs on its own stream; Gloo's threads compete with compute for cores
-DP_OVERLAP = {"nccl": 0.8, "gloo": 0.3}
+#: cannot): NCCL runs on its own stream; Gloo's threads compete with compute for cores.
+#: gloo: fitted on the CPU grid's dp-only ZeRO configurations (0: ranks that share the
+#: cores hide nothing; benchmarks/results/autoparallel/2026-12-02_cpu_grid.md); nccl: a
+#: guess, not fitted until the H200 grid is recorded
+DP_OVERLAP = {"nccl": 0.8, "gloo": 0.0}
 #: all-to-alls of one layer's forward under all_to_all sequence parallelism (Ulysses)
 ULYSSES_ALL_TO_ALLS = 4
-#: the share of compute stage 3's prefetched all-gathers hide under
-ZERO3_OVERLAP = {"nccl": 0.8, "gloo": 0.3}
-#: the part of the host step that stays after backward (its last chunks)
+#: the share of compute stage 3's prefetched all-gathers hide under (fitted with
+#: DP_OVERLAP, one value per transport; nccl not fitted)
+ZERO3_OVERLAP = {"nccl": 0.8, "gloo": 0.0}
+#: seconds each blocking tp collective waits for its group's slowest member, beyond the
+#: collective itself: ranks that share cores (CPU ranks, 4 on 2 cores) meet a partner
+#: that is descheduled mid-compute. gloo: fitted on the CPU grid's tp configurations
+#: (benchmarks/results/autoparallel/2026-12-02_cpu_grid.md); nccl: not fitted (0)
+TP_SYNC_S = {"nccl": 0.0, "gloo": 0.004}
+#: the part of the host step that stays after backward (its last chunks); a guess, not
+#: fitted (the CPU grid's host step is a millisecond; the H200 grid will fit it)
 HOST_TAIL = 0.1
+#: torch DDP's gradient bucket (TorchDDPPlugin's and HybridParallelPlugin's bucket_cap_mb)
+DDP_BUCKET_BYTES = 25 << 20
+#: stage 3's chunks (megalith_zero.layout.chunk_numel_for): a model of at most
+#: ZERO3_ONE_CHUNK_BYTES is one chunk, a larger one chunks of an eighth of it within
+#: ZERO3_CHUNK_RANGE
+ZERO3_ONE_CHUNK_BYTES = 32 << 20
+ZERO3_CHUNK_RANGE = (1 << 20, 64 << 20)
+#: parameter tensors an op's module holds (a linear with a bias, without, an embedding, a
+#: layer norm), for LowLevelZero's chunk per parameter
+_OP_PARAMS = {
+    "aten.addmm.default": 2,
+    "aten.mm.default": 1,
+    "aten.embedding.default": 1,
+    "aten.native_layer_norm.default": 2,
+}
 #: stage-time ratios are rounded to this many decimals to share simulations
 _SIM_DECIMALS = 2
 
@@ -127,6 +154,7 @@ def _pass_times(
         for b in blocks:
             nbytes = b.tp_allreduce_bytes * k.micro_batch / k.sp
             one_pass = 2 * collective_time(cluster, "all_reduce", k.tp, nbytes / 2)
+            one_pass += 2 * TP_SYNC_S.get(prof.transport, 0.0)
             comm += one_pass * (3 if id(b) in ckpt else 2)
     if k.sp > 1:  # Ulysses: q, k, v and the output through an all-to-all each way
         for b in blocks:
@@ -179,6 +207,32 @@ def _rank_params(analysis: ModelAnalysis, k: Knobs, vstages: list[list[BlockCost
     return max(per_rank)
 
 
+def param_tensors(block: BlockCost) -> int:
+    """Parameter tensors of a block, from its traced ops (the modules that ran a linear,
+    an embedding or a layer norm); at least one for a block with parameters."""
+    held: dict[str, int] = {}
+    for op in block.ops:
+        held[op.module] = max(held.get(op.module, 0), _OP_PARAMS.get(op.op, 0))
+    return max(sum(held.values()), 1 if block.params else 0)
+
+
+def reductions(k: Knobs, blocks: list[BlockCost], n: int, wd: int) -> int:
+    """Collectives of one reduction of a rank's gradients (and of one gather of its
+    parameters): one per parameter under LowLevelZero (dp-only stages 1-2, a chunk each),
+    else one per bucket or stage-3 chunk."""
+    total = n * wd
+    if k.zero_stage in (1, 2) and k.tp == k.pp == k.sp == 1:
+        return max(1, sum(param_tensors(b) for b in blocks))
+    if k.zero_stage in (1, 2):
+        return max(1, -(-total // ZERO_BUCKET_BYTES))
+    if k.zero_stage == 3:
+        if total <= ZERO3_ONE_CHUNK_BYTES:
+            return 1
+        lo, hi = ZERO3_CHUNK_RANGE
+        return max(1, -(-total // min(hi, max(lo, total // 8))))
+    return max(1, -(-total // DDP_BUCKET_BYTES))
+
+
 def _dp_and_optimizer(
     analysis: ModelAnalysis,
     cluster: Cluster,
@@ -193,19 +247,22 @@ def _dp_and_optimizer(
     stride = k.tp * k.sp
     overlap = DP_OVERLAP.get(prof.transport, 0.5)
     out: dict[str, float] = {}
+    count = reductions(k, [b for blocks in vstages for b in blocks], n, wd) - 1
     if k.dp * k.sp > 1:  # sp ranks hold the same parameters: they reduce with dp
         op = "all_reduce" if k.zero_stage <= 1 else "reduce_scatter"
         reduce = collective_time(cluster, op, k.dp * k.sp, n * wd, k.tp)
+        reduce += count * latency(cluster, op, k.dp * k.sp, k.tp)
         out["dp_reduce"] = max(0.0, reduce - overlap * last_bwd)
+    gather = collective_time(cluster, "all_gather", k.dp, n * wd, stride)
+    gather += count * latency(cluster, "all_gather", k.dp, stride)
     if k.zero_stage == 3 and k.dp > 1:
-        gather = collective_time(cluster, "all_gather", k.dp, n * wd, stride)
         hide = ZERO3_OVERLAP.get(prof.transport, 0.5) * parts["compute"]
         out["zero3_gather"] = max(0.0, 2 * gather * k.num_microbatches - hide)
     shard = -(-n // k.dp) if k.zero_stage >= 1 else n
     on_host = shard * k.offload_fraction
     out["optimizer"] = (shard - on_host) * ADAM_BYTES_PER_PARAM / prof.memory_bandwidth
     if k.zero_stage in (1, 2) and k.dp > 1:
-        out["param_gather"] = collective_time(cluster, "all_gather", k.dp, n * wd, stride)
+        out["param_gather"] = gather
     if on_host:
         host = on_host / prof.host_adam_params_per_s
         host += on_host * wd / prof.d2h_bandwidth + on_host * wd / prof.h2d_bandwidth

@@ -2,12 +2,16 @@
 
 Model state follows megalith_zero.estimate's accounting (resident_state): working
 parameters and gradients, the largest chunk's gradients in flight (stages 2, 3), the
-largest gathered chunk (stage 3), fp32 masters (mixed precision) and Adam's two states,
+largest gathered chunk (stage 3; at stages 2-3 every chunk's whole gradient while
+micro-batches accumulate), fp32 masters (mixed precision) and Adam's two states,
 the sharded parts divided by dp, on the rank's own parameters (its pipeline stages,
 tensor-parallel weights divided by tp). Where megalith trains over fp32 parameters under
 torch.autocast (DDP, and any pipeline: Strategy.zero_config) the working dtype is fp32
 and autocast keeps a bf16 copy of each weight through the step. For a dp-only ZeRO plan
 with the model at hand, megalith_zero.estimate itself gives the model state (exact).
+
+Gradients that torch allocates during backward (stage 0, one micro-batch) take the
+place of the activations backward frees: the peak holds the larger of the two.
 
 Activations: a block keeps activation_bytes per sequence (a checkpointed one only its
 boundary_bytes, plus one block's worth while it is recomputed), for the micro-batches a
@@ -35,7 +39,9 @@ MASTER_BYTES = 4
 TP_SHARDED_ACTIVATIONS = 0.8
 #: ZeRO's reduce bucket at stages 1-2 (Strategy's default chunk, ColossalAI's 12 MiB)
 ZERO_BUCKET_BYTES = 12 << 20
-#: the caching allocator's fragmentation and the temporaries of the largest op
+#: the caching allocator's fragmentation and the temporaries of the largest op (a guess:
+#: CPU ranks have no caching allocator and the CPU grid's peaks are within 10% with it,
+#: so it was left as is; not fitted on CUDA until the H200 grid is recorded)
 ALLOCATOR_SLACK = 0.08
 #: not-tensor memory per rank: on CUDA the cuBLAS / NCCL workspaces inside the allocator;
 #: on CPU ranks a process's resident set with torch and megalith imported
@@ -54,6 +60,10 @@ class Memory:
     activations: int
     slack: int
     host: int = 0
+    #: bytes counted above that are never live at once: with one micro-batch, gradients
+    #: torch allocates in backward (ZeRO stage 0) replace the activations backward frees,
+    #: so the peak holds the larger of the two, not their sum
+    never_together: int = 0
 
     @property
     def device(self) -> int:
@@ -65,6 +75,7 @@ class Memory:
             + self.optimizer
             + self.activations
             + self.slack
+            - self.never_together
         )
 
 
@@ -151,11 +162,18 @@ def peak_memory(
             p, g, f, q, opt, host = exact_state.model_state(model, knobs)
         else:
             p, g, f, q, opt, host = model_state(n, largest, knobs)
+        if knobs.zero_stage >= 2 and knobs.num_microbatches > 1:
+            # accumulating micro-batches keeps every chunk's whole gradient until the step
+            # reduces them (megalith_zero's no_sync, and ZeRO-2 under a pipeline)
+            f = max(f, n * working_bytes(knobs))
         act = sum(flight[rank][s] * acts[s][0] for s in range(len(vstages)) if where[s] == rank)
         act += max((acts[s][1] for s in mine), default=0)
-        tensors = p + g + f + q + opt + act
+        apart = 0
+        if knobs.zero_stage == 0 and knobs.num_microbatches == 1 and knobs.pp == 1:
+            apart = int(min(g, act))
+        tensors = p + g + f + q + opt + act - apart
         slack = int(tensors * ALLOCATOR_SLACK) + baseline
-        m = Memory(p, g, f, q, opt, int(act), slack, host)
+        m = Memory(p, g, f, q, opt, int(act), slack, host, apart)
         if best is None or m.device > best.device:
             best = m
     if best is None:
