@@ -4,7 +4,9 @@ This is the layer the optimizers in :mod:`megalith.optim` and the ZeRO/offload
 packages build on. Every tensor of one call lives on one device; parameters and
 states are fp32; gradients are one of fp32, bf16 or fp16 for the whole list;
 ``param_copies`` (optional) receive the updated parameters in bf16/fp16/fp32 in
-the same pass. On the CPU the call returns whether any scaled gradient was
+the same pass. The lists may hold numpy arrays instead of torch tensors (host
+steps with no torch tensor anywhere: JAX on the CPU, see megalith.jax). On the
+CPU the call returns whether any scaled gradient was
 inf/nan (with ``nonfinite="detect"`` or ``"skip"``); on CUDA the call is
 asynchronous on the current stream and returns False: use
 :func:`grad_check` and ``DeviceScalars.found_inf`` for skips without a sync.
@@ -25,6 +27,7 @@ import torch
 from megalith_core import _engine
 
 from ..dtypes import GRAD_DTYPES, engine_dtype, nonfinite_mode
+from ._numpy_table import is_numpy, numpy_grad_ptrs, numpy_table
 
 Tensors = Sequence[torch.Tensor]
 
@@ -62,13 +65,7 @@ class DeviceScalars:
         )
 
 
-def _build_table(
-    op: str,
-    params: Tensors,
-    grads: Tensors,
-    states: Sequence[tuple[str, Tensors | None]],
-    param_copies: Tensors | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.device, torch.dtype, torch.dtype]:
+def _check_lengths(op: str, params, grads, states, param_copies) -> None:
     n = len(params)
     if len(grads) != n:
         raise ValueError(f"{op}: got {n} params but {len(grads)} grads")
@@ -77,6 +74,17 @@ def _build_table(
             raise ValueError(f"{op}: got {n} params but {len(lst)} {name}")
     if param_copies is not None and len(param_copies) != n:
         raise ValueError(f"{op}: got {n} params but {len(param_copies)} param_copies")
+
+
+def _build_table(
+    op: str,
+    params: Tensors,
+    grads: Tensors,
+    states: Sequence[tuple[str, Tensors | None]],
+    param_copies: Tensors | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.device, torch.dtype, torch.dtype]:
+    n = len(params)
+    _check_lengths(op, params, grads, states, param_copies)
     if n == 0:
         empty = torch.zeros((0, 6), dtype=torch.int64)
         return (
@@ -148,6 +156,19 @@ def _run(
     nonfinite: str,
     device_scalars: DeviceScalars | None,
 ) -> bool:
+    if params and is_numpy(params[0]):  # host arrays without torch (numpy, JAX on the CPU)
+        _check_lengths(op, params, grads, states, param_copies)
+        if device_scalars is not None:
+            raise ValueError(f"{op}: device_scalars are for CUDA tensors; pass grad_scale")
+        table, numels, g_dtype, c_dtype = numpy_table(op, params, grads, states, param_copies)
+        args = _engine.StepArgs(
+            grad_dtype=g_dtype,
+            copy_dtype=c_dtype,
+            grad_scale=float(grad_scale),
+            step=int(step),
+            nonfinite=nonfinite_mode(nonfinite),
+        )
+        return bool(cpu_fn(table, numels, hyper, args))
     table, numels, device, grad_dtype, copy_dtype = _build_table(
         op, params, grads, states, param_copies
     )
@@ -316,9 +337,14 @@ def lion_step(
 
 
 def grad_stats(grads: Tensors, *, scale: float = 1.0) -> tuple[float, bool]:
-    """(sum of squares of grad*scale, any inf/nan) over CPU gradients, in one pass."""
+    """(sum of squares of grad*scale, any inf/nan) over CPU gradients (torch tensors or
+    numpy arrays), in one pass."""
     if not grads:
         return 0.0, False
+    if is_numpy(grads[0]):
+        ptrs_np, numels_np, dtype_e = numpy_grad_ptrs(grads)
+        sum_sq, bad = _engine.cpu_grad_stats(ptrs_np, numels_np, dtype_e, scale)
+        return float(sum_sq), bool(bad)
     dtype = grads[0].dtype
     for i, g in enumerate(grads):
         if g.device.type != "cpu" or g.dtype != dtype or not g.is_contiguous():
