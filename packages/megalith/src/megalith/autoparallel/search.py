@@ -9,7 +9,8 @@ Pruning, so that a 70B model over 1,024 GPUs plans in seconds:
   (checkpointing 0, 0.5, 1) x (offload none, then growing shares) is kept: more
   checkpointing or offloading at the same micro-batch only adds time (dominated);
 - without a pipeline a larger micro-batch needs more memory, so the first one that
-  does not fit ends that loop;
+  does not fit ends that loop, but for the whole per-rank batch as one micro-batch (no
+  accumulated gradients), which is tried then too;
 - a pipeline with fewer micro-batches than stages idles half its ranks: not tried;
 - pipelines are simulated last, in order of a lower bound (their time with the
   bubble's least for uniform stages, (pp - 1) / chunks passes, none for ZB-V), and only
@@ -236,22 +237,48 @@ def _fitting(ctx: _Context, base: Knobs, per_rank: int) -> Iterator[tuple[Knobs,
                     f"micro-batches of {micro[0]} or more are fewer than the stages{groups}"
                 )
                 continue
-            if not _fits(ctx, smallest, device_only=True):
-                continue
-            for b in micro:
-                found = False
-                for ckpt in ckpts:
-                    for off in offloads:
-                        k = _knobs(base, stage, schedule, off, b, per_rank, ckpt)
-                        m = None if k is None else _fits(ctx, k)
-                        if m is not None:
-                            found = True
-                            yield k, m
-                            break
-                    if found and off == offloads[0]:
-                        break
-                if not found and base.pp == 1:
+            yield from _plans(ctx, base, stage, schedule, offloads, micro, ckpts, per_rank)
+
+
+def _plans(
+    ctx: _Context,
+    base: Knobs,
+    stage: int,
+    schedule: str,
+    offloads: list[tuple[str, float]],
+    micro: list[int],
+    ckpts: list[float],
+    per_rank: int,
+) -> Iterator[tuple[Knobs, Memory]]:
+    """The undominated plans of one layout, stage and schedule that fit. Without a
+    pipeline a larger micro-batch needs more memory, except where it leaves a single
+    micro-batch: then no gradients accumulate across micro-batches (whole gradients at
+    stages 2-3) and stage 0's gradients replace the activations backward frees; so the
+    family's most frugal plans are micro-batch micro[0] and, when it is one, the whole
+    batch (per_rank), each with the most checkpointing and offload."""
+    single = micro[-1] if micro[-1] == per_rank and base.pp == 1 else None
+    frugal = [_knobs(base, stage, schedule, offloads[-1], b, per_rank, ckpts[-1])
+              for b in dict.fromkeys([micro[0], single or micro[0]])]  # fmt: skip
+    if not any(k is not None and _fits(ctx, k, device_only=True) for k in frugal):
+        return
+    tried: set[int] = set()
+    queue = list(micro)
+    while queue:
+        b = queue.pop(0)
+        tried.add(b)
+        found = False
+        for ckpt in ckpts:
+            for off in offloads:
+                k = _knobs(base, stage, schedule, off, b, per_rank, ckpt)
+                m = None if k is None else _fits(ctx, k)
+                if m is not None:
+                    found = True
+                    yield k, m
                     break
+            if found and off == offloads[0]:
+                break
+        if not found and base.pp == 1:  # larger ones need more, but for the single one
+            queue = [single] if single is not None and single not in tried else []
 
 
 def _knobs(
