@@ -14,6 +14,6 @@ left=$(( ${CALL_LIMIT:-580} - SECONDS - 15 ))
 if [[ "${TAIL:-}" == async67 && $left -gt 120 ]]; then
   log "async save gpt-6.7b, host offload, discard sink ($left s)"
   RUN1_LIMIT=$left run1 benchmarks/checkpoint/async_save.py --model gpt-6.7b --plugin zero2 \
-    --offload --sink discard --rounds 2 --out "$OUT/async_6p7b.md" 2>&1 | grep -E "^row|\|" | tee "$OUT/async_6p7b.txt"
+    --offload --sink discard --rounds 2 --out "$OUT/async_6p7b.md" 2>&1 | tee "$OUT/async_6p7b.txt" | grep -E "^row|\|" | tail -12
 fi
 log done
