@@ -192,3 +192,19 @@ def test_impossible_clusters_are_named():
             search(a, h200_cluster(), global_batch_tokens=tokens, memory_headroom=headroom)
     with pytest.raises(ValueError, match="give a multiple of 1024"):
         search(a, h200_cluster(), global_batch_tokens=tokens + 5)
+
+
+def test_a_single_micro_batch_that_fits_where_accumulation_does_not_is_found():
+    """Accumulating micro-batches keeps whole gradients at stages 2-3, so the whole
+    per-rank batch as one micro-batch can need less memory than micro-batches of 1."""
+    a = gpt_analysis(hidden=4096, layers=16, heads=32, seq_len=1024)
+    c = h200_cluster()
+    frugal = {"dp": 8, "zero_stage": 3, "offload": "host", "offload_fraction": 1.0, "ckpt": 1.0}
+    accumulating = peak_memory(a, c, Knobs(**frugal, micro_batch=1, num_microbatches=2)).device
+    single = peak_memory(a, c, Knobs(**frugal, micro_batch=2, num_microbatches=1)).device
+    assert single < accumulating
+    tight = dataclasses.replace(c, device_memory_bytes=int((single + accumulating) / 2 / 0.9))
+    ranked = search(a, tight, global_batch_tokens=a.seq_len * 16, dp=8, zero_stage=(2, 3))
+    assert ranked and all(p.num_microbatches == 1 and p.micro_batch == 2 for p in ranked)
+    budget, _ = _budgets(tight, 0.9)
+    assert all(p.predicted_peak_bytes <= budget for p in ranked)
