@@ -16,19 +16,21 @@ half way is never published; wait() reports it and clears the queue.
 
 The copy is to pinned host memory for CUDA tensors (asynchronous, then one
 synchronisation before the writer thread may read), so the step stalls only for the
-device-to-host transfer. ZeRO's captures copy whole chunks into pinned regions reused
-from save to save (zero_capture.py, pinned_pool.py); `snapshot` here serves the other
-plugins' per-tensor captures.
+device-to-host transfer, into pinned regions reused from save to save (pinned_pool.py):
+ZeRO's captures copy whole chunks (zero_capture.py), the other plugins' per tensor
+(`snapshots`). `snapshot` pins a buffer per tensor: for a one-off copy only.
 """
 
 from __future__ import annotations
 
 import atexit
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
+
+from . import pinned_pool
 
 _lock = threading.Lock()
 _pending: list[Future] = []
@@ -48,6 +50,40 @@ def snapshot(t: torch.Tensor) -> torch.Tensor:
         _unsettled = True
         return out
     return t.to("cpu", copy=True)
+
+
+def snapshots(
+    region_name: str,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    sizes: list[tuple[int, torch.dtype]],
+    writer: bool = True,
+) -> tuple[list[tuple[str, torch.Tensor]], pinned_pool.Region | None]:
+    """Host copies of (key, tensor) pairs in the pinned region `region_name`, which holds
+    `sizes` (numel, dtype of each copy, in order); a copy takes the size's dtype (a CUDA
+    tensor's copy is asynchronous: settle() waits). ([], None) on a rank that is not the
+    writer, which still consumes `tensors` (they may be gathered: collective). The caller
+    releases the region once the write that reads the copies is done."""
+    global _unsettled
+    if not writer:
+        for _ in tensors:
+            pass
+        return [], None
+    region = pinned_pool.region(region_name)
+    region.acquire(pinned_pool.padded(sizes))
+    out = []
+    try:
+        for (key, t), (numel, dtype) in zip(tensors, sizes, strict=True):
+            t = t.detach()
+            if t.numel() != numel:
+                raise ValueError(f"async save: {key} has {t.numel()} elements but its plan {numel}")
+            copy = region.take(numel, dtype).view(t.shape)
+            copy.copy_(t, non_blocking=t.is_cuda)
+            _unsettled = _unsettled or t.is_cuda
+            out.append((key, copy))
+    except BaseException:
+        region.release()
+        raise
+    return out, region
 
 
 def settle() -> None:

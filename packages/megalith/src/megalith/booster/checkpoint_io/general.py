@@ -111,9 +111,19 @@ class GeneralCheckpointIO(CheckpointIO):
         write_tensors(directory, "model", tensors, max_shard_bytes, write=is_writer())
 
     def capture_model(self, model: Any) -> Writer | None:
-        tensors = {k: async_writes.snapshot(v) for k, v in self.model_tensors(model).items()}
+        """The writer's host copies in the pinned region "model", reused from save to save
+        (async_writes.snapshots); the other ranks copy nothing."""
+        tensors = self.model_tensors(model)  # collective for the subclasses that gather
         writer = is_writer()
-        return lambda directory, cap: write_tensors(directory, "model", tensors, cap, writer)
+        sizes = [(t.numel(), t.dtype) for t in tensors.values()]
+        copies, region = async_writes.snapshots("model", tensors.items(), sizes, writer)
+        host = dict(copies)
+
+        def write(directory: Path, cap: int) -> None:
+            write_tensors(directory, "model", host, cap, writer)
+
+        write.release = region.release if region is not None else None  # type: ignore[attr-defined]
+        return write
 
     def read_model(self, model: Any, directory: Path, strict: bool) -> None:
         whole = self.whole_module(model)
@@ -191,7 +201,9 @@ class GeneralCheckpointIO(CheckpointIO):
 
     def capture_optimizer(self, optimizer: Any) -> Writer | None:
         files = self.optimizer_files(optimizer)
-        tensors = [(k, async_writes.snapshot(t)) for k, t in files.tensors]  # collective
+        # The full states are fp32 (plan: their bytes); files.tensors is collective.
+        sizes = [(nbytes // 4, torch.float32) for _, nbytes in files.plan]
+        tensors, region = async_writes.snapshots("optimizer", files.tensors, sizes, is_writer())
         files = OptimizerFiles(
             plan=files.plan,
             params=copy.deepcopy(files.params),
@@ -202,7 +214,12 @@ class GeneralCheckpointIO(CheckpointIO):
             grad_scaler=copy.deepcopy(files.grad_scaler),
             step_kind=files.step_kind,
         )
-        return lambda directory, cap: write_optimizer_files(files, directory, cap)
+
+        def write(directory: Path, cap: int) -> None:
+            write_optimizer_files(files, directory, cap)
+
+        write.release = region.release if region is not None else None  # type: ignore[attr-defined]
+        return write
 
     def read_optimizer(self, optimizer: Any, directory: Path) -> None:
         meta = read_meta(directory)
