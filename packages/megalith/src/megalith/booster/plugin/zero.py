@@ -301,6 +301,13 @@ class GeminiPlugin(_ZeroPlugin):
     optimizer_class = GeminiOptimizer
     checkpoint_io_name = "GeminiCheckpointIO"
 
+    def support_lora(self) -> bool:
+        """Frozen base weights go to chunks without masters or states (stage 3 shards
+        them like the rest); only the adapters' chunks step."""
+        return True
+
+    enable_lora = LowLevelZeroPlugin.enable_lora
+
     def __init__(
         self,
         chunk_config_dict: dict | None = None,
