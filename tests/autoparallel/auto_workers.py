@@ -21,6 +21,9 @@ class Setting:
     #: "roomy": the planner's free choice; "tight": a device budget just under the roomy
     #: choice's predicted peak, so it must choose something that needs less memory
     budget: str = "roomy"
+    #: Booster(plugin="auto") with a DataLoader over a DistributedSampler: the global batch
+    #: and the sequence length come from it
+    by_name: bool = False
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -40,7 +43,10 @@ def batches(seed: int) -> list[torch.Tensor]:
 
 
 def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    # SGD with momentum, not Adam: Adam steps every entry by ~lr whatever its gradient's
+    # size, so entries whose exact gradient is ~0 move by summation-order noise, which
+    # differs between layouts (tests/tensor_parallel/hybrid_options.py has the same note)
+    return torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9, weight_decay=0.01)
 
 
 def plain_losses(seed: int) -> list[float]:
@@ -68,6 +74,8 @@ def auto_train(rank: int, setting: Setting) -> dict[str, Any]:
     from megalith.booster import Booster
 
     model = make_model(setting.seed)
+    if setting.by_name:
+        return _by_name(rank, setting, model)
     budget = None
     if setting.budget == "tight":
         roomy = _plugin(setting).plan_for(make_model(setting.seed))
@@ -82,8 +90,9 @@ def auto_train(rank: int, setting: Setting) -> dict[str, Any]:
     per = plugin.plan.per_rank_sequences
     assert per * dp == BATCH, (per, dp)
     losses = []
+    device = comm.get_world().device
     for ids in batches(setting.seed):
-        mine = ids[dp_rank * per : (dp_rank + 1) * per]
+        mine = ids[dp_rank * per : (dp_rank + 1) * per].to(device)
         loss = model(mine, labels=mine)[0]
         booster.backward(loss, opt)
         opt.step()
@@ -102,3 +111,28 @@ def odd_model_on_rank_1(rank: int, seed: int) -> str:
     except ValueError as e:
         return str(e)
     return "planned"
+
+
+def _by_name(rank: int, setting: Setting, model: torch.nn.Module) -> dict[str, Any]:
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from megalith.booster import Booster
+
+    n = comm.get_world().world_size
+    rows = TensorDataset(torch.cat(batches(setting.seed)))
+    sampler = DistributedSampler(rows, num_replicas=n, rank=rank, shuffle=False)
+    # each step's batches over the ranks are BATCH consecutive rows: one global batch
+    loader = DataLoader(rows, batch_size=BATCH // n, sampler=sampler)
+    booster = Booster(plugin="auto")
+    opt = _optimizer(model)
+    model, opt, _, loader, _ = booster.boost(model, opt, dataloader=loader)
+    losses = []
+    for (ids,) in loader:
+        loss = model(ids, labels=ids)[0]
+        booster.backward(loss, opt)
+        opt.step()
+        opt.zero_grad()
+        t = loss.detach().double()
+        comm.all_reduce(t, op="avg")
+        losses.append(float(t))
+    return {"plan": booster.plugin.plan.to_json(), "budget": None, "losses": losses}

@@ -11,6 +11,7 @@ import random
 import pytest
 
 from megalith.testing import run_distributed, run_grid
+from tests.support.gpu import gpu
 
 from .auto_workers import BATCH, SEQ, Setting, auto_train, odd_model_on_rank_1, plain_losses
 
@@ -36,9 +37,11 @@ def test_auto_matches_plain_torch_whatever_it_chose(world_size):
         Setting(seed),
         Setting(seed, budget="tight"),
         Setting(seed, budget="tight", kwargs=dp_only),  # left only ZeRO or offload
+        Setting(seed, by_name=True),
     ]
-    roomy, tight, sharded = run_grid(auto_train, settings, world_size, timeout=200)
-    for runs in (roomy, tight, sharded):
+    roomy, tight, sharded, by_name = run_grid(auto_train, settings, world_size, timeout=200)
+    assert by_name[0]["plan"]["chosen"]["dp"] == world_size  # the loader's replicas
+    for runs in (roomy, tight, sharded, by_name):
         plans = [r["plan"] for r in runs]
         assert all(p == plans[0] for p in plans), "ranks ran different plans"
         chosen = plans[0]["chosen"]
@@ -125,3 +128,25 @@ def test_profiles_clusters_and_arguments_fail_with_the_fix(monkeypatch, tmp_path
         live_cluster(cpu, 2, 2, device_budget_gb=-1)
     with pytest.raises(RuntimeError, match=r"call booster\.boost"):
         AutoPlugin().plan  # noqa: B018
+
+
+def _gpu_profile() -> bool:
+    from megalith.autoparallel import profiles
+
+    return profiles.default_profile_path().is_file() or "h200" in profiles.builtin_profiles()
+
+
+@gpu
+def test_auto_on_one_gpu_matches_plain_torch_in_bf16():
+    if not _gpu_profile():
+        pytest.skip("no GPU machine profile: run `megalith calibrate` (or add the h200 built-in)")
+    seed = random.randrange(1000)
+    reference = plain_losses(seed)
+    run = run_distributed(
+        auto_train, 1, Setting(seed, kwargs={"precision": "bf16"}), backend="nccl", timeout=200
+    )[0]
+    chosen = run["plan"]["chosen"]
+    assert run["plan"]["precision"] == "bf16" and chosen["dp"] == 1
+    assert close(run["losses"], reference, 3e-2), (
+        f"{chosen['plugin']}: {run['losses']} vs {reference}"
+    )

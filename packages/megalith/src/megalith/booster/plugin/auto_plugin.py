@@ -51,8 +51,10 @@ if TYPE_CHECKING:
 class AutoPlugin(Plugin):
     """The plugin the planner chooses at boost() (module docstring).
 
-    seq_len: tokens per sequence (default: the model config's max_seq_len /
-        n_positions / max_position_embeddings).
+    seq_len: tokens per sequence (default: the last dimension of the first sample of a
+        dataloader given to boost() (a tensor, a tuple's first tensor or a dict's
+        input_ids), else the model config's max_seq_len / n_positions /
+        max_position_embeddings).
     global_batch_tokens: tokens of one optimizer step over all ranks.
     micro_batch_size: sequences in one forward on a rank (fixes the plan's micro-batch).
     precision: "fp32", "bf16" or "fp16"; None: the Booster's mixed_precision, else bf16 on
@@ -196,7 +198,7 @@ class AutoPlugin(Plugin):
         cluster = live_cluster(
             profile, w.world_size, local, self.cluster, s["device_budget_gb"], s["host_budget_gb"]
         )
-        seq_len = s["seq_len"] or _config_seq_len(model)
+        seq_len = s["seq_len"] or _sample_seq_len(dataloader) or _config_seq_len(model)
         fixed = self._fixed(model, cluster.world)
         tokens = self._global_tokens(dataloader, seq_len, cluster.world, fixed)
         try:
@@ -362,6 +364,22 @@ def _within(given: Any, values: list[int]) -> tuple[int, ...]:
         return tuple(values)
     wanted = set(given) if isinstance(given, (tuple, list, set, frozenset)) else {given}
     return tuple(v for v in values if v in wanted)
+
+
+def _sample_seq_len(dataloader: Any) -> int | None:
+    """The sequence length of the dataloader's first sample (read from its dataset, so no
+    batch is drawn and no random state moves), or None."""
+    try:
+        sample = dataloader.dataset[0]
+    except Exception:  # no dataset, not indexable, ...: the other sources decide
+        return None
+    if isinstance(sample, dict):
+        sample = sample.get("input_ids")
+    elif isinstance(sample, (tuple, list)) and sample:
+        sample = sample[0]
+    if isinstance(sample, torch.Tensor) and sample.dim() >= 1 and sample.shape[-1] > 1:
+        return int(sample.shape[-1])
+    return None
 
 
 def _config_seq_len(model: torch.nn.Module) -> int:
