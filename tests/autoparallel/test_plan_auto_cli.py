@@ -165,6 +165,11 @@ BAD = [
     (["--plugin", "zero1"], "--plugin with --auto: the planner chooses it"),
     (["--world", "4"], "--world with --auto"),
     (["--offload", "host"], "--offload with --auto"),
+    (["--optim-frac", "0.5"], "--optim-frac with --auto"),
+    (
+        ["--device-budget-gb", "40"],
+        "--device-budget-gb is the exact plan's budget; with --auto give --gpu-gb",
+    ),
 ]
 
 

@@ -35,7 +35,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_strategy_options(p, plugin="zero2", precision="bf16", precision_help="(default: bf16)")
-    p.add_argument("--model", default="gpt-1.3b", help="a megalith.models preset")
+    p.add_argument(
+        "--model",
+        default="gpt-1.3b",
+        help="a megalith.models preset (with --auto also a transformers model directory)",
+    )
     p.add_argument("--layers", type=int, default=0, help="override the preset's layer count")
     p.add_argument("--world", type=int, default=1, help="data-parallel ranks (default: 1)")
     p.add_argument(

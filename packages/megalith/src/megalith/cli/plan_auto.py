@@ -37,7 +37,12 @@ DEFAULT_BATCH_TOKENS = {"cuda": 2**20, "cpu": 2**14}
 DEFAULT_INTER_NODE_GBS = 400.0
 INTER_NODE_LATENCY_S = 10e-6
 #: options of the exact `megalith plan` that the planner chooses itself
-_CHOSEN = {"plugin": "zero2", "offload": "none", "world": 1}
+_CHOSEN = {
+    "plugin": "zero2", "offload": "none", "world": 1, "optim_frac": 1.0, "param_frac": 0.0,
+    "param_tier": "host", "master_tier": "host", "swap_dir": None,
+}  # fmt: skip
+#: the exact plan's budgets, and what --auto takes instead
+_BUDGETS = {"device_budget_gb": "--gpu-gb", "host_budget_gb": "--host-gb"}
 
 
 class UsageError(ValueError):
@@ -171,12 +176,17 @@ def _check_numbers(args: argparse.Namespace) -> None:
         if getattr(args, flag) is not None and getattr(args, flag) > 1 << 20:
             raise UsageError(f"--{flag} {getattr(args, flag)}: more than 2^20; check the number")
     for key, default in _CHOSEN.items():
+        flag = "--" + key.replace("_", "-")
         if getattr(args, key, default) != default:
             raise UsageError(
-                f"--{key} with --auto: the planner chooses it; drop --{key}, or drop --auto "
+                f"{flag} with --auto: the planner chooses it; drop {flag}, or drop --auto "
                 "for the exact memory estimate of one plan"
                 + (" (--gpus and --nodes give the devices)" if key == "world" else "")
             )
+    for key, instead in _BUDGETS.items():
+        if getattr(args, key, None) is not None:
+            flag = "--" + key.replace("_", "-")
+            raise UsageError(f"{flag} is the exact plan's budget; with --auto give {instead}")
     if args.nproc is not None:
         clash = [f for f in ("gpus", "nodes", "profile") if getattr(args, f) is not None]
         if clash:
