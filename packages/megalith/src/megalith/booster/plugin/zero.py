@@ -122,7 +122,8 @@ class _ZeroPlugin(StrategyPlugin, DPPluginBase):
                 model, optimizer, self.tp_size, self.extra_dp_size
             )
         kw = dict(mesh=mesh, axis="dp", model_parallel=parallel) if mesh is not None else {}
-        zmodel, zopt = zero.shard(model, optimizer, self.zero_config(), **kw)
+        config = _cpu_auto_budget(self.zero_config(), w.device)
+        zmodel, zopt = zero.shard(model, optimizer, config, **kw)
         if mesh is not None:
             from ..checkpoint_io.tp_layout import tp_layout
 
@@ -152,6 +153,33 @@ class _ZeroPlugin(StrategyPlugin, DPPluginBase):
 
         io_class = getattr(checkpoint_io, self.checkpoint_io_name)
         return io_class(tp_layout if self.tp_size > 1 else None)
+
+
+def _cpu_auto_budget(config: Any, device: torch.device) -> Any:
+    """On CPU ranks the device is the host: auto placement with no device_budget_bytes
+    gets this rank's share of the host's physical memory (warned once), so ColossalAI's
+    scripts with placement_policy="auto" run unchanged; set_offload(placement="auto",
+    device_budget_bytes=...) simulates a smaller device."""
+    offload = config.offload
+    if device.type == "cuda" or offload is None or offload.placement != "auto":
+        return config
+    if offload.device_budget_bytes is not None:
+        return config
+    import dataclasses
+    import os
+    import warnings
+
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    share = total // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    warnings.warn(
+        f"placement_policy='auto' on CPU ranks: the device is the host, so auto "
+        f"placement's budget is {share / 2**30:.1f} GiB per rank (the host's memory over "
+        "LOCAL_WORLD_SIZE); plugin.set_offload(placement='auto', device_budget_bytes=...) "
+        "simulates a smaller device",
+        stacklevel=4,
+    )
+    offload = dataclasses.replace(offload, device_budget_bytes=share)
+    return dataclasses.replace(config, offload=offload)
 
 
 def _offload_config(owner: str, **kwargs: Any) -> Any:
@@ -288,8 +316,9 @@ class GeminiPlugin(_ZeroPlugin):
     (megalith-offload). placement_policy="auto": the first step runs with every chunk's
     masters and states on the host while it measures the step's device memory, then
     the chunks that fit under steady_cuda_cap_ratio of the device move back to it
-    (megalith_offload's auto placement; on CPU ranks give the simulated device's size
-    with set_offload(placement="auto", device_budget_bytes=...)). offload_param_frac keeps
+    (megalith_offload's auto placement; on CPU ranks the device is the host, its memory
+    shared by the local ranks, unless set_offload(placement="auto",
+    device_budget_bytes=...) simulates a smaller one). offload_param_frac keeps
     that fraction of the chunks' parameter shards in host memory (at most
     offload_optim_frac: the host kernel writes them). Gradients accumulate over the
     backward passes between two steps (enable_gradient_accumulation is always on).

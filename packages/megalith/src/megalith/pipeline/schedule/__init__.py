@@ -1,0 +1,1 @@
+"""ColossalAI's `colossalai.pipeline.schedule` path; see v_schedule.py."""
