@@ -122,6 +122,15 @@ def live_cluster(
             nodes=world // local_world,
             gpus_per_node=local_world,
         )
+        if cluster.nodes > 1:
+            from megalith.logging import get_dist_logger
+
+            get_dist_logger().warning(
+                f"AutoPlugin: {cluster.nodes} nodes of {local_world} ranks, and no cluster "
+                "file: the link between nodes is planned as if it were the one inside a "
+                "node; pass cluster= a cluster file with inter_node to plan it right",
+                ranks=[0],
+            )
     if cluster.world != world:
         raise ValueError(
             f"AutoPlugin: the cluster has {cluster.nodes} x {cluster.per_node} = "
