@@ -148,7 +148,7 @@ def h200_grid(model_scale: str = "full") -> list[Config]:
             offload_fraction=0.6,
             steps=2,
             warmup=1,
-            timeout_s=220,
+            timeout_s=280,
         ),
     ]
     if model_scale == "smoke":
