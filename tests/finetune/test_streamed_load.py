@@ -102,13 +102,15 @@ def test_a_checkpoint_of_another_model_is_refused_by_name_and_shape(checkpoints,
         CheckpointFiles(tmp_path)
 
 
-PLUGINS = ["ddp", "zero1", "zero2", "zero2-offload", "gemini", "gemini-offload", "tp2"]
+PLUGINS = ["ddp", "zero1", "zero2", "zero2-offload", "gemini", "gemini-offload", "tp2", "pp2"]
 
 
 @pytest.mark.timeout(240)
 def test_streamed_load_under_every_plugin(checkpoints):
     """2 CPU ranks: lazily built, boosted, loaded (booster.load_model after boost, and
-    before it into the lazy model): transformers' logits within 1e-6, ties kept."""
+    before it into the lazy model): transformers' logits within 1e-6, ties kept. DDP,
+    ZeRO-1/2 (2 with host offload), Gemini (with parameter and optimizer offload), tp 2,
+    and pp 2 (the last stage's logits from execute_pipeline)."""
     settings, names = [], []
     for i, plugin in enumerate(PLUGINS):
         for family in ("gpt2", "llama"):

@@ -83,6 +83,8 @@ def make_plugin(name: str) -> Any:
         return GeminiPlugin(precision="fp32", offload_optim_frac=1.0, offload_param_frac=1.0)
     if name == "tp2":
         return HybridParallelPlugin(tp_size=2, precision="fp32", parallel_output=False)
+    if name == "pp2":
+        return HybridParallelPlugin(tp_size=1, pp_size=2, num_microbatches=2, precision="fp32")
     raise ValueError(name)
 
 
@@ -114,10 +116,20 @@ def streamed_load(rank: int, setting: tuple[str, str, str, int]) -> dict[str, An
         if when == "after_boost":
             booster.load_model(model, path)
         model.eval()
-        with torch.no_grad():
-            got = model(input_ids=ids).logits
+        if plugin_name == "pp2":  # the last stage's logits (forward and backward, no step)
+            run = booster.execute_pipeline(
+                iter([{"input_ids": ids, "labels": ids}]),
+                model,
+                lambda outputs, batch: outputs.loss,
+                opt,
+                return_outputs=True,
+            )
+            got = run["outputs"].logits if run["outputs"] is not None else want
+        else:
+            with torch.no_grad():
+                got = model(input_ids=ids).logits
         out[when] = float((got.float() - want).abs().max())
-        if family == "gpt2":
+        if family == "gpt2" and plugin_name != "pp2":  # stages hold their own copies
             user = model.unwrap()
             out[f"{when}_tied"] = user.lm_head.weight is user.transformer.wte.weight
     return out
