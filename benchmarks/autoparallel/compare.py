@@ -167,7 +167,50 @@ def choices(rows: list[dict[str, Any]], device_bytes: float) -> list[str]:
     return out
 
 
-def table(rows: list[dict[str, Any]], profile_name: str, device_bytes: float) -> str:
+_KNOBS = ("dp", "tp", "pp", "zero_stage", "offload_fraction", "micro_batch", "num_microbatches")
+
+
+def searched(rows: list[dict[str, Any]], cluster: Any) -> list[str]:
+    """search()'s own top plan for the model at the best measured configuration's global
+    batch (the planner unrestricted), and whether the grid measured it."""
+    from megalith.autoparallel.search import search
+
+    ok = [r for r in rows if "m" in r]
+    if not ok:
+        return []
+    best = max(ok, key=lambda r: r["tokens_per_s"])
+    c = best["cfg"]
+    model, analysis = _model_and_analysis(
+        c["preset"], json.dumps(c["overrides"], sort_keys=True), c["seq_len"], c["precision"]
+    )
+    tokens = c["dp"] * c["micro_batch"] * c["num_microbatches"] * c["seq_len"]
+    try:
+        top = search(
+            analysis, cluster, global_batch_tokens=tokens, precision=c["precision"], model=model
+        )[0]
+    except Exception as exc:  # NoFeasiblePlan, or a layout search() does not offer
+        return ["", f"search() at {tokens} tokens a step: {type(exc).__name__}: {exc}"]
+    plan = {k: getattr(top, k) for k in _KNOBS}
+    same = [
+        r for r in ok if {k: r["cfg"][k] for k in _KNOBS} == plan and r["cfg"]["ckpt"] == top.ckpt
+    ]
+    where = (
+        f"measured as `{same[0]['cfg']['name']}`: {same[0]['tokens_per_s']:,.0f} tokens/s, "
+        f"{same[0]['tokens_per_s'] / best['tokens_per_s']:.1%} of the best"
+        if same
+        else "not in the grid"
+    )
+    desc = ", ".join(f"{k}={v}" for k, v in plan.items()) + f", ckpt={top.ckpt}, {top.schedule}"
+    return [
+        "",
+        f"search() unrestricted, at the best measured configuration's {tokens} tokens a step: "
+        f"{desc} (predicted {top.predicted_tokens_per_s:,.0f} tokens/s); {where}.",
+    ]
+
+
+def table(
+    rows: list[dict[str, Any]], profile_name: str, device_bytes: float, cluster: Any = None
+) -> str:
     out = [
         f"Predictions from profile `{profile_name}`. Memory: predicted tensors (peak less the "
         "not-tensor baseline) against the measured live-tensor peak of the busiest rank; "
@@ -206,6 +249,7 @@ def table(rows: list[dict[str, Any]], profile_name: str, device_bytes: float) ->
         _summary("model state, all", [r["state_err"] for r in ok]),
         "",
         *choices(rows, device_bytes),
+        *(searched(rows, cluster) if cluster is not None else []),
     ]
     return "\n".join(out) + "\n"
 
@@ -235,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = load_lines(a.grid)
     cluster = cluster_for(a.profile, lines, a.gpus or None)
     device = cluster.device_memory_bytes or cluster.profile.device_memory_bytes
-    sys.stdout.write(table(rows_of(lines, cluster), a.profile, device))
+    sys.stdout.write(table(rows_of(lines, cluster), a.profile, device, cluster))
 
 
 if __name__ == "__main__":
