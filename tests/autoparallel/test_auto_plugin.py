@@ -38,10 +38,12 @@ def test_auto_matches_plain_torch_whatever_it_chose(world_size):
         Setting(seed, budget="tight"),
         Setting(seed, budget="tight", kwargs=dp_only),  # left only ZeRO or offload
         Setting(seed, by_name=True),
+        Setting(seed, kwargs={"constraints": {"tp": 2, "zero_stage": 2}}),  # tp x ZeRO-2
     ]
-    roomy, tight, sharded, by_name = run_grid(auto_train, settings, world_size, timeout=200)
+    roomy, tight, sharded, by_name, tp2 = run_grid(auto_train, settings, world_size, timeout=200)
     assert by_name[0]["plan"]["chosen"]["dp"] == world_size  # the loader's replicas
-    for runs in (roomy, tight, sharded, by_name):
+    assert tp2[0]["plan"]["chosen"]["plugin"] == "hybrid"
+    for runs in (roomy, tight, sharded, by_name, tp2):
         plans = [r["plan"] for r in runs]
         assert all(p == plans[0] for p in plans), "ranks ran different plans"
         chosen = plans[0]["chosen"]
