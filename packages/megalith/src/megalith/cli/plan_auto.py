@@ -135,8 +135,8 @@ def run(args: argparse.Namespace) -> int:
             precision=args.precision,
             model=model,
         )
-    except (NoFeasiblePlan, ValueError) as e:
-        return _fail(str(e).replace("\n", "; "))
+    except (NoFeasiblePlan, ValueError, OSError) as e:  # OSError: a transformers dir
+        return _fail("; ".join(line.strip() for line in str(e).splitlines() if line.strip()))
     if args.json:
         print(json.dumps([c.to_json() for c in ranked], indent=1))
     else:
