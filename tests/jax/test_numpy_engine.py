@@ -20,11 +20,6 @@ def rel(a, ref) -> float:
     return float(np.linalg.norm(a - ref) / max(np.linalg.norm(ref), 1e-300))
 
 
-@pytest.fixture
-def rng(gen) -> np.random.Generator:
-    return np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=gen)))
-
-
 def test_adam_step_numpy_equals_torch_adamw(rng):
     shapes = [(33,), (7, 129), (1,)]
     params = [rng.standard_normal(s).astype(np.float32) for s in shapes]
