@@ -9,7 +9,6 @@ transformers does (safetensors refuses two names for one storage).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -129,16 +128,6 @@ def hf_state_dict(model: CausalLM) -> dict[str, torch.Tensor]:
     }
 
 
-def _safetensors():
-    try:
-        import safetensors.torch
-    except ImportError as exc:
-        raise ImportError(
-            "saving and loading transformers directories needs safetensors: pip install safetensors"
-        ) from exc
-    return safetensors.torch
-
-
 def save_pretrained(
     model: CausalLM, directory: str | os.PathLike, max_shard_bytes: int | None = None
 ) -> Path:
@@ -177,36 +166,15 @@ def save_pretrained(
 
 
 def load_pretrained(directory: str | os.PathLike, device: torch.device | str = "cpu") -> CausalLM:
-    """A megalith model from a transformers directory (gpt2 or llama, safetensors weights)."""
-    from .factory import create
+    """A megalith model from a transformers directory (gpt2 or llama, safetensors weights),
+    in the dtype of its files: built on the meta device and filled one tensor at a time
+    (megalith.pretrained); the original GPT-2 files' names without "transformer." load too."""
+    from ..pretrained import from_pretrained
+    from ..pretrained.files import CheckpointFiles
 
-    st = _safetensors()
-    path = Path(directory)
-    config = from_hf_config(json.loads((path / "config.json").read_text()), name=path.name)
-    index = path / "model.safetensors.index.json"
-    files = (
-        sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        if index.is_file()
-        else ["model.safetensors"]
+    with CheckpointFiles(directory) as files:
+        dtypes = [e.dtype for e in files.entries.values() if e.dtype.is_floating_point]
+    model = from_pretrained(
+        directory, library="megalith", dtype=dtypes[0] if dtypes else None, device=device
     )
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state.update(st.load_file(str(path / file), device=str(device)))
-    if "wte.weight" in state:  # the original GPT-2 files name parameters without "transformer."
-        state = {f"transformer.{name}": tensor for name, tensor in state.items()}
-    dtype = next(iter(state.values())).dtype
-    model = create(config, device="meta", dtype=dtype)
-    result = model.load_state_dict(state, strict=False, assign=True)
-    # Old GPT-2 files also hold the causal-mask buffers (attn.bias, attn.masked_bias).
-    unexpected = [
-        n for n in result.unexpected_keys if not n.endswith((".attn.bias", ".attn.masked_bias"))
-    ]
-    if unexpected:
-        raise ValueError(
-            f"{path}: weights this {config.family} model has no place for: {unexpected[:5]}"
-        )
-    model.tie_weights()
-    missing = [n for n, p in model.named_parameters() if p.is_meta]
-    if missing:
-        raise ValueError(f"{path}: weights missing for {missing[:5]} ({len(missing)} in all)")
-    return model
+    return model.train()  # as create() gives it
