@@ -6,7 +6,7 @@ finalised. Each run here trains a few steps on 2 CPU ranks (and saves a checkpoi
 that every exit path runs: the ranks' megalith_comm teardown, the launcher's. A run is
 clean when its rc is 0 and no process printed "terminate called" or "Fatal Python error".
 
-    python tools/exit_stress.py --runs 300 --jobs 4 --out stress.jsonl
+    python tools/exit_stress.py --runs 300 --jobs 6 --out stress.jsonl
     python tools/exit_stress.py --runs 100 --lock /tmp/lpytest.lock   # a shared machine
 
 Prints one line per unclean run (rc and the last lines of its output) and a summary
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,6 +63,7 @@ def one_run(i: int, root: Path, steps: int, lock: str | None, timeout: float) ->
     except subprocess.TimeoutExpired as exc:
         rc, text = None, f"timed out after {timeout:g} s\n{exc.stdout or ''}{exc.stderr or ''}"
     aborted = rc in (134, -6) or any(w in text for w in ABORT_WORDS)
+    shutil.rmtree(root / f"run{i}", ignore_errors=True)  # 10 MB a run: 300 would be 3 GB
     return {
         "run": i,
         "rc": rc,
