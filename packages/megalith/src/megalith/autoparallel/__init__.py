@@ -9,17 +9,18 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
+# search and calibrate are imported here, not on first use: their modules share their
+# names, and importing such a submodule later would rebind the package's attribute to it
+from .calibrate import calibrate
+from .search import NoFeasiblePlan, search
 from .types import AlphaBeta, BlockCost, Candidate, Cluster, MachineProfile, ModelAnalysis, OpRecord
 
 #: public name -> the module of this package that defines it (imported on first use)
 _LAZY = {
     "analyze": "analysis",
     "load_profile": "profiles",
-    "calibrate": "calibrate",
     "load_cluster": "profiles",
     "predict": "cost",
-    "search": "search",
-    "NoFeasiblePlan": "search",
 }
 
 __all__ = [
@@ -30,6 +31,9 @@ __all__ = [
     "MachineProfile",
     "ModelAnalysis",
     "OpRecord",
+    "NoFeasiblePlan",
+    "calibrate",
+    "search",
     *_LAZY,
 ]
 
