@@ -61,9 +61,14 @@ class PipelineGraph:
         """Each rank's passes in order (megalith_pipeline's ZB-V), or with only_run_time
         the step's length in cost units (megalith_pipeline's simulator, every pass taking
         its given cost and every message between ranks c_cost)."""
-        from megalith_pipeline.schedules import make_schedule
-        from megalith_pipeline.simulator import PassTimes, simulate
+        from ...booster.plugin.base import require
 
+        mp = require("megalith_pipeline", "megalith-pipeline", "PipelineGraph")
+        make_schedule, PassTimes, simulate = (
+            mp.schedules.make_schedule,
+            mp.simulator.PassTimes,
+            mp.simulator.simulate,
+        )
         schedule = make_schedule("zbv", self.n_stage, self.n_micro)
         if only_run_time:
             f, b, w = self.fbw_cost
