@@ -1,5 +1,5 @@
 """Streamed pretrained loading (issue 19, item 1): checkpoints written by transformers'
-save_pretrained with random weights (1 and 3 files, fp32 and bf16, tied and untied
+save_pretrained with random weights (1 and 3 files, fp32, bf16 and fp16, tied and untied
 embeddings) load tensor by tensor into megalith.models and transformers models built
 on the meta device, and under every plugin, giving transformers' own logits."""
 
@@ -29,10 +29,14 @@ def checkpoints(tmp_path_factory):
                 path = root / f"{family}-{shards}-{str(dtype)[6:]}"
                 w.write_checkpoint(path, family, shards, dtype, seed=10 * i + shards)
                 out[family, shards, str(dtype)[6:]] = path
+    path = root / "llama-3-float16"
+    w.write_checkpoint(path, "llama", 3, torch.float16, seed=7)
+    out["llama", 3, "float16"] = path
     return out
 
 
 CASES = [(f, s, d) for f in ("gpt2", "llama") for s in (1, 3) for d in ("float32", "bfloat16")]
+CASES.append(("llama", 3, "float16"))
 
 
 @pytest.mark.parametrize(("family", "shards", "dtype"), CASES)
