@@ -21,9 +21,9 @@ import numpy as np
 import optax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpt  # noqa: E402
+import gpt
 
-import megalith.jax as mj  # noqa: E402
+import megalith.jax as mj
 
 OPTIMIZERS = {
     "optax": lambda lr: optax.adamw(lr, weight_decay=0.1),

@@ -13,9 +13,8 @@ JAX and optax are optional: ``pip install jax optax`` (or ``pip install megalith
 from __future__ import annotations
 
 try:
-    import optax  # noqa: F401
-
     import jax  # noqa: F401
+    import optax  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without jax
     raise ImportError(
         f"megalith.jax needs JAX and optax ({exc}): pip install jax optax "

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 
-import jax
 from megalith_core import _engine
 
 ALIGN = 64  # see [Note: aligned host memory]

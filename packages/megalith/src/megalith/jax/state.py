@@ -15,9 +15,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import numpy as np
 
-import jax
 from megalith_core import _engine
 from megalith_core.atomic_files import atomic_path
 

@@ -34,10 +34,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import numpy as np
 import optax
 
-import jax
 from megalith_core import _engine
 
 from .host import FlatHost, host_view, to_jax
