@@ -90,7 +90,9 @@ class EngineState:
 
 
 def state_dict(state: EngineState) -> dict[str, np.ndarray]:
-    """The state as host arrays (views, not copies): 'count', 'master<leaf>', '<moment><leaf>'."""
+    """The state as host arrays (views, not copies): 'count', 'master<leaf>', '<moment><leaf>'.
+    Waits for jitted steps in flight first (their update runs in an io_callback)."""
+    jax.effects_barrier()
     out = {"count": np.array([state.count], dtype=np.int64)}
     for i, name in enumerate(state.names):
         out["master" + name] = state.master[i]

@@ -105,6 +105,9 @@ class EngineTransform:
         self.name, self.moments, self.rule = name, moments, rule
         self.learning_rate, self.weight_decay, self.mask = learning_rate, weight_decay, mask
         self.resource = resource()
+        # each step's updates (and new bf16 copies) come from a pool over the same memory:
+        # a fresh pinned allocation per step would cost more than the step on a GPU host
+        self.scratch = _engine.memory.PoolResource(self.resource, 4 << 20)
         self.read_params = read_params
         self.chunk_bytes = chunk_bytes
 
@@ -154,7 +157,7 @@ class EngineTransform:
         for g in grads:  # start every device-to-host copy before the first chunk's step
             if hasattr(g, "copy_to_host_async") and not isinstance(g, np.ndarray):
                 g.copy_to_host_async()
-        out = FlatHost(self.resource, state.shapes, [np.dtype(np.float32)] * len(state.shapes))
+        out = FlatHost(self.scratch, state.shapes, [np.dtype(np.float32)] * len(state.shapes))
         for chunk in self._chunks(state):
             self._step_chunk(chunk, grads, params, state, out, count, lr, wd)
         state.count = count + 1
@@ -178,7 +181,7 @@ class EngineTransform:
         low = [i for i in idx if i in state.copies]
         if low:
             held = FlatHost(
-                self.resource, [state.shapes[i] for i in low], [state.dtypes[i] for i in low]
+                self.scratch, [state.shapes[i] for i in low], [state.dtypes[i] for i in low]
             )
             new_low = {i: held[k] for k, i in enumerate(low)}
         old_f32 = {}
