@@ -122,3 +122,28 @@ def test_colossalai_module_paths_of_lazy_and_booster_accelerator():
     assert next(model.parameters()).device.type == "cpu"
     with pytest.raises(ValueError, match=r"xpu.*get_accelerator"):
         Accelerator("xpu")
+
+
+def test_randomizer_reset_index_repeats_the_dropout_seeds_and_fork_rng_keeps_the_caller():
+    # ColossalAI's hybrid checkpoint test calls Randomizer.reset_index() before building
+    # the model again (megalith.shardformer.layer.utils was missing)
+    from megalith.shardformer.layer import DropoutForReplicatedInput
+    from megalith.shardformer.layer.utils import Randomizer
+
+    Randomizer.reset_index()
+    first = [DropoutForReplicatedInput(0.5).seed for _ in range(3)]
+    assert Randomizer.index() == 3
+    Randomizer.reset_index()
+    assert [DropoutForReplicatedInput(0.5).seed for _ in range(3)] == first
+    assert len(set(first)) == 3 and Randomizer.is_randomizer_index_synchronized()
+    torch.manual_seed(5)
+    want = torch.rand(4)
+    torch.manual_seed(5)
+    a, b = Randomizer(11), Randomizer(11)
+    with a.fork_rng(enable_cpu=True):
+        x = torch.rand(4)
+    assert torch.equal(torch.rand(4), want)  # the caller's stream as if nothing ran
+    with b.fork_rng(enable_cpu=True):
+        assert torch.equal(torch.rand(4), x)
+    with a.fork_rng(enable_cpu=True):
+        assert not torch.equal(torch.rand(4), x)  # a's stream went on

@@ -10,7 +10,6 @@ every rank, as ColossalAI requires).
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import torch
@@ -20,7 +19,14 @@ import megalith_comm
 
 from .groups import comm_group
 
-_index = itertools.count()
+#: the next dropout layer's index (its seed offset); utils.Randomizer reads and resets it
+_index = [0]
+
+
+def next_index() -> int:
+    i = _index[0]
+    _index[0] += 1
+    return i
 
 
 class _StreamDropout(nn.Dropout):
@@ -31,7 +37,7 @@ class _StreamDropout(nn.Dropout):
         rank = 0
         if process_group is not None or megalith_comm.is_initialized():
             rank = comm_group(process_group, type(self).__name__).rank
-        seed = torch.initial_seed() + next(_index) + (rank if self.offset_by_rank else 0)
+        seed = torch.initial_seed() + next_index() + (rank if self.offset_by_rank else 0)
         self.seed = seed
         self._states: dict[str, torch.Tensor] = {}
 
