@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from megalith.train.config import ConfigParser
     from megalith.train.options import add_options
 
     parser = subparsers.add_parser(
@@ -25,6 +27,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    # --config is read before the rest (ConfigParser adds behaviour only, no state)
+    parser.__class__ = ConfigParser
     add_options(parser)
     parser.set_defaults(func=run)
     return parser
@@ -48,14 +52,17 @@ def run(args: argparse.Namespace) -> int:
     from megalith.cli.main import main
     from megalith.strategy import Strategy
     from megalith.testing.spawn import free_port
-    from megalith.train import auto
+    from megalith.train import auto, choices
     from megalith.train.options import to_argv
 
     try:  # once, here, before any rank starts (the ranks check again)
         if auto.is_auto(args):
             auto.check_args(args)
+            plugin = "auto"
         else:
-            Strategy.from_cli(args)
+            plugin = Strategy.from_cli(args).plugin
+        choices.check(args)
+        choices.check_run_dir(args, Path(args.out) / choices.run_name(args, plugin))
     except ValueError as e:
         raise SystemExit(f"megalith train: {e}") from None
     nproc = _ranks(args.nproc)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from .config import ConfigParser
 from .options import add_options
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="megalith train")
+    parser = ConfigParser(prog="megalith train")
     add_options(parser)
     args = parser.parse_args(argv)
     from .loop import train

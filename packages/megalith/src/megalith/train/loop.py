@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import resource
 import time
@@ -17,7 +16,8 @@ import torch
 import megalith_comm as comm
 from megalith.strategy import Strategy
 
-from . import auto, state
+from . import auto, choices, state
+from . import config as run_config
 from . import corpus as text
 from .plot import write_png
 from .progress import Metrics, Progress, human_bytes
@@ -31,6 +31,10 @@ def _strategy(args: argparse.Namespace, device: torch.device) -> Strategy | None
             raise SystemExit(
                 f"megalith train: --{name.replace('_', '-')} {getattr(args, name)}; expected >= 1"
             )
+    try:
+        choices.check(args)
+    except ValueError as e:
+        raise SystemExit(f"megalith train: {e}") from None
     if auto.is_auto(args):
         try:
             auto.check_args(args)
@@ -93,16 +97,6 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str,
     return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
 
 
-def _schedule(args: argparse.Namespace):
-    def factor(step: int) -> float:  # linear warm-up, cosine down to 10%
-        if step < args.warmup:
-            return (step + 1) / args.warmup
-        t = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
-
-    return factor
-
-
 @torch.no_grad()
 def _validate(
     model: Any, data: text.Corpus, args: argparse.Namespace, rank: int, device: torch.device
@@ -130,7 +124,6 @@ def train(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from megalith import models
     from megalith.booster import Booster
-    from megalith.optim import HybridAdam
 
     world = comm.init() if not comm.is_initialized() else comm.get_world()
     torch.manual_seed(args.seed)
@@ -140,8 +133,16 @@ def _train(args: argparse.Namespace) -> int:
     torch.set_num_threads(
         max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", size)))
     )
-    name = args.name or f"{args.model}-{strategy.plugin if strategy else 'auto'}"
+    name = choices.run_name(args, strategy.plugin if strategy else "auto")
     run_dir = Path(args.out) / name
+    try:  # every rank looks before rank 0 clears it
+        choices.check_run_dir(args, run_dir)
+    except ValueError as e:
+        raise SystemExit(f"megalith train: {e}") from None
+    comm.barrier()
+    if args.overwrite and world.rank == 0:
+        choices.clear_run_dir(run_dir)
+    comm.barrier()
     if strategy is not None:
         strategy = _swap_in(strategy, run_dir, name)
     data = text.load(args.data, 20 * (args.seq_len + 1))
@@ -158,8 +159,8 @@ def _train(args: argparse.Namespace) -> int:
         **overrides,
     )
     n_params = models.num_parameters(model)
-    optimizer = HybridAdam(_param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(args))
+    optimizer = choices.make_optimizer(args, _param_groups(model, args.weight_decay))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, choices.lr_factor(args))
     # The plugin clips to --max-norm in step(); with offload and neither clipping nor fp16
     # it updates host chunks during backward.
     if strategy is None:
@@ -209,6 +210,7 @@ def _loop(run: Run) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         if run.auto is not None:
             auto.write_plan(run_dir, run.auto)
+        run_config.save(run_dir, args)
     metrics = Metrics(run_dir / "metrics.jsonl", rank == 0)
     metrics.truncate_after(start)
     if rank == 0:
@@ -218,32 +220,38 @@ def _loop(run: Run) -> int:
             + _offload_words(run)
             + f", {run.strategy.precision}; {data.name}: {len(data.train) / 1e6:.2f} MB train, "
             f"unigram baseline {data.unigram_nats:.3f} nats"
+            + _batch_words(args, size)
             + (f"; resumed at step {start}" if start else ""),
             flush=True,
         )
     bar = Progress(args.steps, start) if rank == 0 else None
-    tokens_per_step = args.batch_size * args.seq_len * size
+    accum = args.grad_accum
+    tokens_per_step = args.batch_size * args.seq_len * size * accum
     # each data-parallel rank feeds its share of the global batch (all ranks but under tp/sp)
     dp_rank, dp = booster.plugin.dp_rank_size
     per_rank = args.batch_size * size // dp
     last_val = float("nan")
     ckpt_path = None
+    stopped = None
     t_run = time.perf_counter()
     for step in range(start + 1, args.steps + 1):
         ids = text.batch(
             data.train,
-            per_rank,
+            per_rank * accum,
             args.seq_len,
             text.batch_generator(args.seed, step, dp_rank, "train"),
         )
         ids = ids.to(device)
         t0 = time.perf_counter()
-        loss = model(ids, labels=ids)[0]
-        booster.backward(loss, optimizer)
+        logged = torch.zeros((), dtype=torch.float64)
+        # equal micro-batches: the mean of their mean losses is the whole batch's
+        for micro in ids.chunk(accum):
+            loss = model(micro, labels=micro)[0] / accum
+            booster.backward(loss, optimizer)
+            logged += loss.detach().double().cpu()
         optimizer.step()
         optimizer.zero_grad()
         scheduler.step()
-        logged = loss.detach().double().cpu()
         comm.all_reduce(logged, op="avg")
         dt = time.perf_counter() - t0
         row = {
@@ -254,7 +262,9 @@ def _loop(run: Run) -> int:
             "tokens_per_s": tokens_per_step / dt,
             "peak_bytes": _peak_bytes(model),
         }
-        if step % args.eval_every == 0 or step == args.steps:
+        if args.max_time is not None and _out_of_time(args.max_time, t_run):
+            stopped = f"--max-time {args.max_time:g} s reached after step {step}"
+        if step % args.eval_every == 0 or step == args.steps or stopped:
             last_val = _validate(model, data, args, dp_rank, device)
             row["val_loss"] = last_val
         metrics.write(row)
@@ -269,7 +279,7 @@ def _loop(run: Run) -> int:
                     "mem": human_bytes(row["peak_bytes"]),
                 },
             )
-        if step % args.save_every == 0 or step == args.steps:
+        if step % args.save_every == 0 or step == args.steps or stopped:
             ckpt_path = state.save(
                 booster,
                 model,
@@ -279,15 +289,33 @@ def _loop(run: Run) -> int:
                 step,
                 {"args": {k: v for k, v in vars(args).items() if k != "func"}},
                 use_async=not getattr(args, "sync_save", False),
+                keep_last=args.keep_last,
             )
-        if args.stop_after is not None and step == args.stop_after:
+        if stopped or (args.stop_after is not None and step == args.stop_after):
             break
     state.wait_saves()  # the last checkpoint is complete (and any failure named) first
     if bar:
         bar.close()
     if rank == 0:
-        _summary(run, metrics, ckpt_path, time.perf_counter() - t_run, _offloaded(model))
+        _summary(run, metrics, ckpt_path, time.perf_counter() - t_run, _offloaded(model), stopped)
     return 0
+
+
+def _out_of_time(max_time: float, t_run: float) -> bool:
+    """Collective: whether any rank has trained --max-time seconds (all stop together)."""
+    flag = torch.tensor(float(time.perf_counter() - t_run >= max_time), dtype=torch.float64)
+    comm.all_reduce(flag, op="max")
+    return bool(flag)
+
+
+def _batch_words(args: argparse.Namespace, size: int) -> str:
+    """ "; batch 4 x 2 ranks x grad accum 3 = 24 sequences of 128 tokens": the global batch."""
+    accum = f" x grad accum {args.grad_accum}" if args.grad_accum > 1 else ""
+    total = args.batch_size * size * args.grad_accum
+    return (
+        f"; batch {args.batch_size} x {size} rank(s){accum} = {total} sequences of "
+        f"{args.seq_len} tokens, {args.optimizer}, lr {args.lr:g} {args.lr_schedule}"
+    )
 
 
 def _plugin_words(run: Run) -> str:
@@ -335,7 +363,12 @@ def _offloaded(model: Any) -> str | None:
 
 
 def _summary(
-    run: Run, metrics: Metrics, ckpt: Path | None, seconds: float, offloaded: str | None
+    run: Run,
+    metrics: Metrics,
+    ckpt: Path | None,
+    seconds: float,
+    offloaded: str | None,
+    stopped: str | None = None,
 ) -> None:
     args, data, run_dir = run.args, run.data, run.run_dir
     world = comm.get_world()
@@ -354,6 +387,7 @@ def _summary(
             + _offload_words(run),
         ),
         ("steps", f"{rows[-1]['step']} ({seconds:.0f} s this session)"),
+        *([("stopped", stopped)] if stopped else []),
         ("train loss", f"{rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f} nats"),
         ("val loss", f"{vals[-1]:.3f} nats ({text.bits(vals[-1]):.2f} bits/byte)" if vals else "-"),
         ("unigram baseline", f"{data.unigram_nats:.3f} nats"),

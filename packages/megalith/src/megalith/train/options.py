@@ -28,7 +28,27 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default: 2e-3)")
     p.add_argument("--warmup", type=int, default=30, help="warm-up steps (default: 30)")
+    p.add_argument(
+        "--lr-schedule",
+        choices=("cosine", "linear", "constant"),
+        default="cosine",
+        help="after the warm-up, down to --min-lr at --steps (default: cosine)",
+    )
+    p.add_argument("--min-lr", type=float, default=None, help="default: a tenth of --lr")
+    p.add_argument(
+        "--optimizer", choices=("adamw", "lion", "sgd"), default="adamw", help="default: adamw"
+    )
+    p.add_argument(
+        "--betas", default=None, help="B1,B2 of adamw (default 0.9,0.95) or lion (0.9,0.99)"
+    )
+    p.add_argument("--momentum", type=float, default=0.9, help="sgd's momentum (default: 0.9)")
     p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument(
+        "--grad-accum",
+        type=int,
+        default=1,
+        help="micro-batches of --batch-size per optimizer step (default: 1)",
+    )
     p.add_argument(
         "--max-norm", type=float, default=1.0, help="clip gradients to this global norm (0: off)"
     )
@@ -37,6 +57,16 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--name", default=None, help="run name (default: <model>-<plugin>)")
     p.add_argument("--out", default="runs", help="where runs go (default: ./runs)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="a run of this name exists: remove it and start anew (else: --resume)",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        help="a TOML file of options (keys: the option names); the command line overrides it",
+    )
     p.add_argument(
         "--resume",
         default=None,
@@ -55,6 +85,13 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--eval-every", type=int, default=100, help="validation every N steps (and at the end)"
     )
+    p.add_argument("--keep-last", type=int, default=None, help="keep only the newest N checkpoints")
+    p.add_argument(
+        "--max-time",
+        type=float,
+        default=None,
+        help="stop (and save) at the first step boundary after SECONDS of training",
+    )
     p.add_argument("--eval-batches", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--activation-checkpointing", action="store_true")
@@ -69,7 +106,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-_NOT_RANK_OPTIONS = {"func", "command", "nproc", "cmake_dir", "include_dir", "version"}
+_NOT_RANK_OPTIONS = {
+    "func", "command", "nproc", "cmake_dir", "include_dir", "version", "config"
+}  # fmt: skip
 
 
 def to_argv(args: argparse.Namespace) -> list[str]:

@@ -89,8 +89,10 @@ def save(
     step: int,
     extra: dict[str, Any],
     use_async: bool = False,
+    keep_last: int | None = None,
 ) -> Path:
-    """Collective. Returns the checkpoint directory (complete once wait_saves returns)."""
+    """Collective. Returns the checkpoint directory (complete once wait_saves returns).
+    keep_last: once this one is complete, only the newest keep_last complete ones stay."""
     import torch.distributed as dist
 
     wait_saves()
@@ -127,6 +129,8 @@ def save(
             atomic_rename(tmp, final)
             atomic_write_text(root / "latest", final.name)
             _unpublished.discard(tmp)
+            if keep_last is not None:
+                prune(root, keep_last, final)
         except BaseException:
             _discard(tmp)
             raise
@@ -144,6 +148,16 @@ def save(
             error = e
     agree(error)
     return final
+
+
+def prune(root: Path, keep_last: int, newest: Path) -> list[Path]:
+    """Removes complete checkpoints older than the newest keep_last (never `newest`, the
+    one just published); returns what went."""
+    done = sorted((p for p in root.glob("step_*") if (p / COMPLETE).exists()), reverse=True)
+    gone = [p for p in done[max(1, keep_last) :] if p != newest]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
 
 
 def _discard(tmp: Path) -> None:

@@ -1,0 +1,161 @@
+"""`megalith train`'s options of issue 19 (deliverable 5): --grad-accum equal to one large
+batch, --optimizer / --betas / --momentum, --lr-schedule / --min-lr against the lr that
+metrics.jsonl records, --max-time and --keep-last, a run name in use refused unless
+--overwrite or --resume, and --config (TOML, the command line overriding it, the
+resolved options saved in the run directory). Bad values fail before any rank starts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import tomllib
+
+from megalith.testing import run_grid
+from megalith.train import choices
+from megalith.train import config as run_config
+from megalith.train.options import add_options
+from tests.cli.train_options_worker import accum_run, schedule_run, time_run
+
+CLI = [sys.executable, "-m", "megalith", "train"]
+SHORT = "--batch-size 2 --seq-len 16 --eval-batches 1 --warmup 1 --nproc 2".split()
+
+
+def _parse(*words: str) -> argparse.Namespace:
+    parser = run_config.ConfigParser()
+    add_options(parser)
+    return parser.parse_args(list(words))
+
+
+@pytest.mark.timeout(300)
+def test_grad_accum_equals_one_large_batch(tmp_path):
+    """fp32, 2 ranks: 3 micro-batches of 2 sequences per step give the losses of one
+    batch of 6 (the same tokens), step after step, under DDP and ZeRO-2."""
+    plugins = ["ddp", "zero2"]
+    results = run_grid(accum_run, [(p, str(tmp_path)) for p in plugins], 2, timeout=250)
+    for plugin, per_rank in zip(plugins, results):
+        accum, big = per_rank[0]
+        assert [s for s, _ in accum] == [1, 2, 3]
+        assert accum[0][1] > 4.0, accum  # byte-level loss at init: ~ln(256)
+        for (_, a), (_, b) in zip(accum, big):
+            assert math.isclose(a, b, rel_tol=2e-5), f"{plugin}: {accum} != {big}"
+
+
+@pytest.mark.timeout(300)
+def test_optimizers_and_lr_schedules(tmp_path):
+    settings = [
+        ["--optimizer", "lion", "--betas", "0.8,0.9", "--lr", "1e-3", "--lr-schedule", "linear"],
+        ["--optimizer", "sgd", "--momentum", "0.5", "--lr", "0.3", "--lr-schedule", "constant"],
+        ["--optimizer", "adamw", "--min-lr", "1e-4", "--weight-decay", "0.0"],
+    ]
+    results = run_grid(schedule_run, [(w, str(tmp_path)) for w in settings], 2, timeout=250)
+    for words, per_rank in zip(settings, results):
+        rows = per_rank[0]
+        assert len(rows) == 5, words
+        for logged, expected, _ in rows:
+            assert math.isclose(logged, expected, rel_tol=1e-9), (words, rows)
+        losses = [loss for _, _, loss in rows]
+        assert losses[-1] < losses[0], (words, losses)  # each optimizer trains
+    lion_lrs = [lr for lr, _, _ in results[0][0]]
+    assert lion_lrs == sorted(lion_lrs, reverse=True) and lion_lrs[-1] == pytest.approx(1e-4)
+    assert {lr for lr, _, _ in results[1][0]} == {0.3}
+
+
+def test_lr_factor_at_chosen_steps():
+    a = _parse("--lr", "1.0", "--steps", "11", "--warmup", "1", "--min-lr", "0.2")
+    cosine = choices.lr_factor(a)
+    assert cosine(0) == 1.0 and cosine(6) == pytest.approx(0.6) and cosine(11) == 0.2
+    linear = choices.lr_factor(_parse("--steps", "11", "--warmup", "2", "--lr-schedule", "linear"))
+    assert linear(0) == 0.5 and linear(2) == 1.0 and linear(7) == pytest.approx(0.5)
+    assert linear(20) == pytest.approx(0.1)  # the default --min-lr: a tenth of --lr
+    assert choices.betas(_parse("--optimizer", "lion")) == (0.9, 0.99)
+
+
+@pytest.mark.timeout(200)
+def test_max_time_stops_saves_and_keep_last_prunes(tmp_path):
+    (steps, left, latest), _ = run_grid(time_run, [str(tmp_path)], 2, timeout=150)[0]
+    last = steps[-1]
+    assert 2 <= last < 500 and steps == list(range(1, last + 1)), steps
+    assert left == [f"step_{last - 1:06d}", f"step_{last:06d}"], left
+    assert latest == f"step_{last:06d}"
+
+
+@pytest.mark.timeout(300)
+def test_config_file_name_in_use_and_overwrite(tmp_path):
+    conf = tmp_path / "run.toml"
+    conf.write_text('steps = 50\nseq_len = 16\ngrad-accum = 2\nlr-schedule = "linear"\n')
+    words = [*CLI, "--config", str(conf), *SHORT, "--out", str(tmp_path), "--name", "c"]
+    out = subprocess.run([*words, "--steps", "3"], capture_output=True, text=True, timeout=200)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "x grad accum 2 = 8 sequences of 16 tokens" in out.stdout, out.stdout[-2000:]
+    saved = tomllib.loads((tmp_path / "c" / "config.toml").read_text())
+    assert saved["steps"] == 3 and saved["grad-accum"] == 2 and saved["lr-schedule"] == "linear"
+    assert saved["batch-size"] == 2 and "config" not in saved
+    # the saved file is a config again, equal to what was run
+    again = _parse("--config", str(tmp_path / "c" / "config.toml"))
+    assert again.steps == 3 and again.grad_accum == 2 and again.max_norm == 1.0
+
+    refused = subprocess.run(words, capture_output=True, text=True, timeout=100)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    message = refused.stdout + refused.stderr
+    assert "already holds a run; pass --resume to continue it, --overwrite" in message, message
+
+    timed = subprocess.run(
+        [*words, "--overwrite", "--max-time", "0.01", "--save-every", "100"],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert timed.returncode == 0, timed.stdout[-3000:] + timed.stderr[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1], "--overwrite kept the first run's rows"
+    assert "--max-time 0.01 s reached after step 1" in timed.stdout, timed.stdout[-2000:]
+    assert (tmp_path / "c" / "checkpoints" / "step_000001" / "trainer.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("words", "message"),
+    [
+        (["--grad-accum", "0"], "--grad-accum 0; expected >= 1"),
+        (["--betas", "0.9"], "--betas 0.9; expected two numbers in [0, 1)"),
+        (["--optimizer", "sgd", "--betas", "0.9,0.9"], "sgd takes --momentum"),
+        (["--lr-schedule", "constant", "--min-lr", "0.1"], "--min-lr is for --lr-schedule"),
+        (["--keep-last", "0"], "--keep-last 0; expected >= 1"),
+        (["--max-time", "-1"], "--max-time -1.0; expected a positive"),
+        (["--resume", "--overwrite"], "--overwrite with --resume"),
+    ],
+)
+def test_bad_values_fail_in_one_line(words, message, tmp_path):
+    out = subprocess.run(
+        [*CLI, *words, "--nproc", "1", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert message in out.stdout + out.stderr, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_config_unknown_key_and_bad_value_refused(tmp_path):
+    conf = tmp_path / "bad.toml"
+    conf.write_text("stepz = 3\n")
+    with pytest.raises(SystemExit):
+        _parse("--config", str(conf))
+    with pytest.raises(ValueError, match="unknown key 'stepz'"):
+        run_config.load(str(conf), _options_parser())
+    conf.write_text('optimizer = "adam"\n')
+    with pytest.raises(ValueError, match="optimizer = 'adam'; expected one of adamw"):
+        run_config.load(str(conf), _options_parser())
+    conf.write_text("steps = 3\nbatch_size = 5\n")
+    parsed = _parse("--config", str(conf), "--steps", "7")
+    assert parsed.steps == 7 and parsed.batch_size == 5  # the command line wins
+
+
+def _options_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    add_options(parser)
+    return parser
