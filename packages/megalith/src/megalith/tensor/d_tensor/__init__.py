@@ -1,0 +1,1 @@
+"""ColossalAI's `colossalai.tensor.d_tensor` path; see api.py."""
