@@ -101,20 +101,29 @@ def test_adamw_as_close_to_float64_as_optax(rng):
         assert rel(a, r) <= 2 * rel(b, r) + 1e-7
 
 
-@pytest.mark.parametrize("name", ["adamw", "lion", "sgd_nesterov"])
-def test_bf16_params_equal_optax_on_fp32_rounded(name, rng):
+@pytest.mark.parametrize(
+    ("name", "low"),
+    [
+        ("adamw", "bfloat16"),
+        ("lion", "bfloat16"),
+        ("sgd_nesterov", "bfloat16"),
+        ("adamw", "float16"),
+    ],
+)
+def test_bf16_params_equal_optax_on_fp32_rounded(name, low, rng):
+    low = jnp.dtype(low)
     params32 = make(rng)
-    params16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params32)
+    params16 = jax.tree.map(lambda x: x.astype(low), params32)
     params32 = jax.tree.map(lambda x: x.astype(jnp.float32), params16)  # same start
-    grads = [make(rng, jnp.bfloat16, scale=0.1) for _ in range(STEPS)]
+    grads = [make(rng, low, scale=0.1) for _ in range(STEPS)]
     ours, state = run(OPTIMIZERS[name](mj), params16, grads)
     # optax gets the same gradients in fp32 (exact): (1 - b1) * g would round in bf16
     grads32 = [jax.tree.map(lambda g: g.astype(jnp.float32), g) for g in grads]
     theirs, _ = run(OPTIMIZERS[name](optax), params32, grads32)
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
-        assert a.dtype == jnp.bfloat16
-        a32, b16 = np.asarray(a, np.float32), np.asarray(b.astype(jnp.bfloat16), np.float32)
-        step = np.maximum(np.abs(a32), np.abs(b16)) * 2.0**-7  # one bf16 step
+        assert a.dtype == low
+        a32, b16 = np.asarray(a, np.float32), np.asarray(b.astype(low), np.float32)
+        step = np.maximum(np.abs(a32), np.abs(b16)) * float(jnp.finfo(low).eps)  # one step of `low`
         assert np.all(np.abs(a32 - b16) <= step * 1.01)
         assert np.mean(a32 == b16) > 0.995
     for i, p in enumerate(jax.tree.leaves(ours)):  # the caller holds exactly bf16(master)

@@ -40,7 +40,7 @@ import optax
 
 from megalith_core import _engine
 
-from .host import FlatHost, host_view, to_jax
+from .host import FlatHost, host_view, to_jax, widen_difference
 from .state import EngineState
 
 #: step(group, step_count, lr, weight_decay): one engine call over a group of leaves
@@ -212,7 +212,7 @@ class EngineTransform:
             self.rule(group, count + 1, lr, wd if decay else 0.0)
         for i in idx:
             if i in new_low:  # see [Note: low-precision updates]
-                np.subtract(new_low[i], state.copies[i], out=out[i], dtype=np.float32)
+                widen_difference(new_low[i], state.copies[i], out[i])
                 state.copies[i] = new_low[i]
             else:
                 np.subtract(state.master[i], old_f32[i], out=out[i])
