@@ -100,8 +100,10 @@ class ZeroOptimizer:
         self._clip_coef = 1.0
         self._stats: tuple[float, bool, list[bool]] | None = None
         self.skipped_steps = 0
-        #: called at the start of step(), before any state changes (an asynchronous
-        #: checkpoint that reads host-resident state in place waits there)
+        #: called at the start of step(), before any state changes, and with
+        #: step_in_backward before each in-backward chunk update (an asynchronous
+        #: checkpoint that reads host-resident state in place waits there; a hook meant
+        #: to run once removes itself)
         self.step_pre_hooks: list[Callable[[], None]] = []
         self.model_parallel = model_parallel
         self._weighted = self._weighted_pieces(model_parallel)
@@ -321,6 +323,8 @@ class ZeroOptimizer:
         if not all(c.used[i] for i in own):
             return  # a parameter unused here: step() decides with every rank's flags
         group = self.optimizer.param_groups[c.spec.group]
+        for hook in list(self.step_pre_hooks):
+            hook()
         update = ChunkUpdate(c, group, self.rule.state_names(group), c.step_pieces(c.used))
         tier.step([update], 1.0, in_backward=True)
         self._stepped_early.add(id(c))

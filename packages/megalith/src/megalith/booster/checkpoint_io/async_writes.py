@@ -150,4 +150,23 @@ def wait() -> None:
         raise RuntimeError(f"an asynchronous checkpoint write failed: {errors[0]}") from errors[0]
 
 
+def abandon(error: BaseException) -> BaseException:
+    """A save failed before its writes were all queued: waits for the writes already
+    queued (their files are removed only once nothing writes them) and returns the
+    error to raise: `error` itself, with the fix named; a queued write's own failure is
+    only mentioned (it may be a consequence)."""
+    later = None
+    try:
+        wait()
+    except RuntimeError as e:
+        later = e.__cause__ or e
+    also = f" (a write queued before it failed too: {later})" if later is not None else ""
+    return RuntimeError(
+        f"an asynchronous checkpoint save failed while capturing its state: "
+        f"{type(error).__name__}: {error}{also}. Nothing of this save was published; save "
+        f"with use_async=False (a synchronous save pins no host memory), or lower "
+        f"{pinned_pool.ENV} (bytes of pinned host memory one save may use)"
+    )
+
+
 atexit.register(lambda: wait() if _pending else None)

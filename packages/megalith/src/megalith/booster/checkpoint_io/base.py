@@ -429,7 +429,7 @@ class CheckpointIO(ABC):
         capture waits only for the earlier write that reads its pinned region (the model
         just queued may still be written while the optimizer is captured)."""
         if use_async:
-            captured = self.capture_model(model)
+            captured = _captured(self.capture_model, model)
             if captured is not None:
                 return captured, True
             self._warn_sync()
@@ -441,7 +441,7 @@ class CheckpointIO(ABC):
         capture waits only for the earlier write that reads its pinned region (the model
         just queued may still be written while the optimizer is captured)."""
         if use_async:
-            captured = self.capture_optimizer(optimizer)
+            captured = _captured(self.capture_optimizer, optimizer)
             if captured is not None:
                 return captured, True
             self._warn_sync()
@@ -518,6 +518,20 @@ class CheckpointIO(ABC):
     @abstractmethod
     def read_optimizer(self, optimizer: Any, directory: Path) -> None:
         """Each rank takes its part of every state in directory's files."""
+
+
+def _captured(capture: Callable[[Any], Writer | None], obj: Any) -> Writer | None:
+    """capture(obj) (collective); when it fails on a rank, the writes already queued
+    (this save's model, say) finish before the error leaves, so the caller may remove
+    their directory, and every rank raises."""
+    captured, error = None, None
+    try:
+        captured = capture(obj)
+    except Exception as e:
+        error = async_writes.abandon(e)
+        error.__cause__ = e
+    agree(error)
+    return captured
 
 
 def _tensor_files(directory: Path, stem: str) -> list[Path]:

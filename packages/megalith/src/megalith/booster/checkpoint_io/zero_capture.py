@@ -18,6 +18,12 @@ InPlaceReads). We chose the wait over copy-on-write: it costs no memory (an offl
 which only waits when the files are still being written when it starts; the time it
 waited is recorded in `last_step_wait_s`. On a group of several ranks a host chunk is
 gathered like any other (the writer needs the other ranks' shards).
+
+When the optimizer steps in backward (cpu_offload), host state is copied while the pinned
+budget allows (pinned_pool.budget: the step then never waits) and what does not fit, or
+all of it when the pin fails, is read in place: the wait then happens before the first
+in-backward update (megalith_zero calls step_pre_hooks there too), and rank 0 logs how
+much was read in place.
 """
 
 from __future__ import annotations
@@ -42,7 +48,8 @@ _INFLIGHT_BYTES = 2 << 30
 
 
 class InPlaceReads:
-    """The writer reads host tensors in place: zopt's next step() waits until it is done."""
+    """The writer reads host tensors in place: zopt's next update (step(), or with
+    step_in_backward the first chunk updated in backward) waits until it is done."""
 
     def __init__(self, zopt: Any) -> None:
         self.done = threading.Event()
@@ -94,10 +101,9 @@ class ChunkCopies:
         self._inflight = 0
 
 
-def in_place(chunk: Any, group_size: int, zopt: Any) -> bool:
-    """The chunk's state is read where it lives ([Note: host state read in place]); not
-    when the optimizer updates chunks during backward (before step()'s pre-hook)."""
-    return group_size == 1 and chunk.tier == "host" and not zopt.step_in_backward
+def host_resident(chunk: Any, group_size: int) -> bool:
+    """The chunk's state may be read where it lives ([Note: host state read in place])."""
+    return group_size == 1 and chunk.tier == "host"
 
 
 def _gathered(src: torch.Tensor, numel: int, device: torch.device, group: Any) -> torch.Tensor:
@@ -105,6 +111,67 @@ def _gathered(src: torch.Tensor, numel: int, device: torch.device, group: Any) -
     out = torch.empty(numel, dtype=src.dtype, device=device)
     comm.all_gather(out, src.to(device).contiguous(), group=group)
     return out
+
+
+def _bound(numel: int, dtype: torch.dtype) -> int:
+    """Bytes one piece takes in a region at most (its alignment included)."""
+    return numel * torch.empty((), dtype=dtype).element_size() + pinned_pool._ALIGN
+
+
+def _reserve(
+    region_name: str, sizes: list[tuple[int, torch.dtype]], host: list[bool], prefer_copy: bool
+) -> tuple[pinned_pool.Region | None, list[bool]]:
+    """The region holding the copies and which pieces are read in place instead: a host
+    piece is copied only with prefer_copy, and while the region's budget allows."""
+    region = pinned_pool.region(region_name)
+    region.wait_free()
+    limit = max(pinned_pool.budget(region.held), region.held)  # a held buffer costs nothing
+    room = limit - sum(_bound(*z) for z, h in zip(sizes, host) if not h)
+    in_place = []
+    for z, h in zip(sizes, host):
+        fits = prefer_copy and _bound(*z) <= room
+        room -= _bound(*z) if h and fits else 0
+        in_place.append(h and not fits)
+    reason = "the pinned budget"
+    for attempt in range(2):
+        copied = [z for z, p in zip(sizes, in_place) if not p]
+        if not copied:
+            return None, in_place
+        try:
+            region.acquire(pinned_pool.padded(copied), limit)
+            break
+        except pinned_pool.PinnedBudgetError as e:
+            if attempt == 1 or not any(host):
+                raise RuntimeError(
+                    f"asynchronous save: {e}. The device state alone needs more pinned host "
+                    f"memory than that: raise {pinned_pool.ENV} if the host has it, or save "
+                    "with use_async=False (a synchronous save pins nothing)"
+                ) from e
+            reason = f"pinning failed ({e})"
+            in_place = list(host)
+    _log_in_place(region_name, sizes, in_place, prefer_copy, reason, limit)
+    return region, in_place
+
+
+def _log_in_place(
+    name: str,
+    sizes: list[tuple[int, torch.dtype]],
+    in_place: list[bool],
+    prefer_copy: bool,
+    reason: str,
+    limit: int,
+) -> None:
+    read = sum(_bound(*z) - pinned_pool._ALIGN for z, p in zip(sizes, in_place) if p)
+    if not (prefer_copy and read):
+        return  # nothing read in place, or in place by design (the next step() waits)
+    from megalith.logging import get_dist_logger
+
+    get_dist_logger().warning(
+        f"asynchronous save ({name}): {pinned_pool.size(read)} of host-offloaded state read "
+        f"in place, not copied: it is over {reason} ({pinned_pool.size(limit)}; "
+        f"{pinned_pool.ENV} sets it); the next step waits for the writer before it updates it",
+        ranks=[0],
+    )
 
 
 def flat_sources(
@@ -118,21 +185,20 @@ def flat_sources(
     other ranks), the pinned region that holds the copies (to release after the write)
     and whether any were read in place. Collective over group."""
     size = group.size
-    copied = [(c.spec.numel, dtype) for c, _, dtype in flats if not in_place(c, size, zopt)]
+    host = [host_resident(c, size) for c, _, _ in flats]
+    in_place = list(host)
     region = None
-    if writer and copied:
-        region = pinned_pool.region(region_name)
-        region.acquire(pinned_pool.padded(copied))
+    if writer:
+        sizes = [(c.spec.numel, dtype) for c, _, dtype in flats]
+        region, in_place = _reserve(region_name, sizes, host, bool(zopt.step_in_backward))
     device = flats[0][0].full.device if flats else torch.device("cpu")
     copies = ChunkCopies(region, device)
     out: list[torch.Tensor | None] = []
-    any_in_place = False
     try:
-        for c, src_fn, _ in flats:
+        for (c, src_fn, _), here in zip(flats, in_place):
             src = src_fn()
-            if in_place(c, size, zopt):
+            if here:
                 out.append(src if writer else None)
-                any_in_place = True
             elif size == 1:
                 out.append(copies.copy(src))
             else:
@@ -143,7 +209,7 @@ def flat_sources(
         if region is not None:
             region.release()
         raise
-    return out, region, any_in_place
+    return out, region, writer and any(in_place)
 
 
 def capture_params(zmodel: Any, writer: bool) -> Callable[[Path, int], None]:
@@ -159,12 +225,16 @@ def capture_params(zmodel: Any, writer: bool) -> Callable[[Path, int], None]:
         flats, zmodel.group, writer, "model", zmodel.optimizer
     )
     guard = InPlaceReads(zmodel.optimizer) if writer and read_in_place else None
-    persistent = zmodel.module.state_dict(keep_vars=True).keys()
-    buffers = {
-        n: b.detach().to("cpu", copy=True)
-        for n, b in zmodel.module.named_buffers()
-        if n in persistent and writer
-    }
+    try:
+        persistent = zmodel.module.state_dict(keep_vars=True).keys()
+        buffers = {
+            n: b.detach().to("cpu", copy=True)
+            for n, b in zmodel.module.named_buffers()
+            if n in persistent and writer
+        }
+    except BaseException:
+        _done(region, guard)  # no write will: the next step must not wait for one
+        raise
     plan = [(s.name, s.numel * 4) for c in zmodel.chunks for s in c.spec.slots]
 
     def write(directory: Path, cap: int) -> None:
