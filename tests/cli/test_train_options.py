@@ -7,7 +7,6 @@ resolved options saved in the run directory). Bad values fail before any rank st
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import subprocess
 import sys
@@ -76,60 +75,70 @@ def test_lr_factor_at_chosen_steps():
 
 
 @pytest.mark.timeout(200)
-def test_max_time_stops_saves_and_keep_last_prunes(tmp_path):
-    (steps, left, latest), _ = run_grid(time_run, [str(tmp_path)], 2, timeout=150)[0]
+def test_max_time_stops_saves_keep_last_prunes_overwrite_clears(tmp_path):
+    first, again = run_grid(time_run, [str(tmp_path)], 2, timeout=150)[0][0]
+    steps, left, latest = first
     last = steps[-1]
     assert 2 <= last < 500 and steps == list(range(1, last + 1)), steps
     assert left == [f"step_{last - 1:06d}", f"step_{last:06d}"], left
     assert latest == f"step_{last:06d}"
+    assert again == ([1], ["latest", "step_000001"]), "--overwrite kept the earlier run's files"
 
 
 @pytest.mark.timeout(300)
-def test_config_file_name_in_use_and_overwrite(tmp_path):
+def test_config_file_name_in_use_and_max_time(tmp_path):
+    """Through the CLI: the file's options with the command line's over them, the start
+    line, the saved config, --max-time's summary line; then the name in use refused."""
     conf = tmp_path / "run.toml"
     conf.write_text('steps = 50\nseq_len = 16\ngrad-accum = 2\nlr-schedule = "linear"\n')
     words = [*CLI, "--config", str(conf), *SHORT, "--out", str(tmp_path), "--name", "c"]
-    out = subprocess.run([*words, "--steps", "3"], capture_output=True, text=True, timeout=200)
+    out = subprocess.run(
+        [*words, "--steps", "30", "--max-time", "0.01", "--save-every", "100"],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "x grad accum 2 = 8 sequences of 16 tokens" in out.stdout, out.stdout[-2000:]
+    assert "--max-time 0.01 s reached after step 1" in out.stdout, out.stdout[-2000:]
+    assert (tmp_path / "c" / "checkpoints" / "step_000001" / "trainer.json").exists()
     saved = tomllib.loads((tmp_path / "c" / "config.toml").read_text())
-    assert saved["steps"] == 3 and saved["grad-accum"] == 2 and saved["lr-schedule"] == "linear"
-    assert saved["batch-size"] == 2 and "config" not in saved
+    assert saved["steps"] == 30 and saved["grad-accum"] == 2 and saved["lr-schedule"] == "linear"
+    assert saved["batch-size"] == 2 and saved["max-time"] == 0.01 and "config" not in saved
     # the saved file is a config again, equal to what was run
     again = _parse("--config", str(tmp_path / "c" / "config.toml"))
-    assert again.steps == 3 and again.grad_accum == 2 and again.max_norm == 1.0
+    assert again.steps == 30 and again.grad_accum == 2 and again.max_norm == 1.0
 
     refused = subprocess.run(words, capture_output=True, text=True, timeout=100)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     message = refused.stdout + refused.stderr
     assert "already holds a run; pass --resume to continue it, --overwrite" in message, message
 
-    timed = subprocess.run(
-        [*words, "--overwrite", "--max-time", "0.01", "--save-every", "100"],
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
-    assert timed.returncode == 0, timed.stdout[-3000:] + timed.stderr[-3000:]
-    rows = [json.loads(x) for x in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1], "--overwrite kept the first run's rows"
-    assert "--max-time 0.01 s reached after step 1" in timed.stdout, timed.stdout[-2000:]
-    assert (tmp_path / "c" / "checkpoints" / "step_000001" / "trainer.json").exists()
+
+BAD = [
+    (["--grad-accum", "0"], "--grad-accum 0; expected >= 1"),
+    (["--betas", "0.9"], "--betas 0.9; expected two numbers in [0, 1)"),
+    (["--optimizer", "sgd", "--betas", "0.9,0.9"], "sgd takes --momentum"),
+    (["--lr-schedule", "constant", "--min-lr", "0.1"], "--min-lr is for --lr-schedule"),
+    (["--keep-last", "0"], "--keep-last 0; expected >= 1"),
+    (["--max-time", "-1"], "--max-time -1.0; expected a positive"),
+    (["--resume", "--overwrite"], "--overwrite with --resume"),
+    (["--momentum", "1.5", "--optimizer", "sgd"], "--momentum 1.5; expected a number in [0, 1)"),
+]
+
+
+@pytest.mark.parametrize(("words", "message"), BAD)
+def test_bad_values_named(words, message):
+    with pytest.raises(ValueError) as e:
+        choices.check(_parse(*words))
+    assert message in str(e.value)
 
 
 @pytest.mark.parametrize(
     ("words", "message"),
-    [
-        (["--grad-accum", "0"], "--grad-accum 0; expected >= 1"),
-        (["--betas", "0.9"], "--betas 0.9; expected two numbers in [0, 1)"),
-        (["--optimizer", "sgd", "--betas", "0.9,0.9"], "sgd takes --momentum"),
-        (["--lr-schedule", "constant", "--min-lr", "0.1"], "--min-lr is for --lr-schedule"),
-        (["--keep-last", "0"], "--keep-last 0; expected >= 1"),
-        (["--max-time", "-1"], "--max-time -1.0; expected a positive"),
-        (["--resume", "--overwrite"], "--overwrite with --resume"),
-    ],
+    [(BAD[0][0], BAD[0][1]), (["--config", "/nonexistent.toml"], "No such file or directory")],
 )
-def test_bad_values_fail_in_one_line(words, message, tmp_path):
+def test_bad_values_fail_in_one_line_before_the_ranks(words, message, tmp_path):
     out = subprocess.run(
         [*CLI, *words, "--nproc", "1", "--out", str(tmp_path)],
         capture_output=True,

@@ -43,8 +43,10 @@ def time_run(rank: int, root: str):
     checkpoints left."""
     words = ["--steps", "500", "--save-every", "1", "--keep-last", "2", "--max-time", "1.5"]
     train(args(*words, "--out", root, "--name", "t"))
-    if rank != 0:
-        return None
     ckpts = Path(root) / "t" / "checkpoints"
     left = sorted(p.name for p in ckpts.iterdir() if p.name.startswith("step_"))
-    return [r["step"] for r in _rows(Path(root) / "t")], left, (ckpts / "latest").read_text()
+    first = [r["step"] for r in _rows(Path(root) / "t")], left, (ckpts / "latest").read_text()
+    # --overwrite: the same name again, from nothing
+    train(args("--steps", "1", "--overwrite", "--out", root, "--name", "t"))
+    again = [r["step"] for r in _rows(Path(root) / "t")], sorted(p.name for p in ckpts.iterdir())
+    return (first, again) if rank == 0 else None
