@@ -192,7 +192,10 @@ def searched(rows: list[dict[str, Any]], cluster: Any) -> list[str]:
         return ["", f"search() at {tokens} tokens a step: {type(exc).__name__}: {exc}"]
     plan = {k: getattr(top, k) for k in _KNOBS}
     same = [
-        r for r in ok if {k: r["cfg"][k] for k in _KNOBS} == plan and r["cfg"]["ckpt"] == top.ckpt
+        r
+        for r in ok
+        if {k: r["cfg"][k] for k in _KNOBS} == plan
+        and (r["cfg"]["ckpt"], r["cfg"]["schedule"]) == (top.ckpt, top.schedule)
     ]
     where = (
         f"measured as `{same[0]['cfg']['name']}`: {same[0]['tokens_per_s']:,.0f} tokens/s, "

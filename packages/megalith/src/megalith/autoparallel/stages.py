@@ -1,9 +1,10 @@
 """Which blocks each pipeline rank holds, and how many micro-batches' activations each
 rank keeps at once under a schedule (from the schedule's pass order itself).
 
-Layers are cut into pp * chunks contiguous virtual stages as evenly as they go (the
-first stages take one more when they do not divide); the embedding ("pre") joins the
-first virtual stage and the head ("post") the last. Virtual stage s runs on the rank
+The embedding ("pre"), the layers and the head ("post"), as one list, are cut into
+pp * chunks contiguous virtual stages as evenly as they go (the first stages take one
+more when they do not divide), as megalith_pipeline's default "layers" balance cuts them
+(the embedding and the head count as a layer each). Virtual stage s runs on the rank
 megalith_pipeline places it on (interleaved: s % pp; ZB-V: the V over the ranks).
 """
 
@@ -20,7 +21,22 @@ SIM_MICROBATCH_CAP = 2
 
 
 def virtual_stages(analysis: ModelAnalysis, stages: int) -> list[list[BlockCost]]:
-    """The blocks of each virtual stage, pre and post included."""
+    """The blocks of each virtual stage, pre and post included: megalith_pipeline's
+    even cut ("layers" balance) of the embedding, the layers and the head as one list."""
+    parts = [analysis.pre, *analysis.blocks, analysis.post]
+    if stages > len(parts):  # more stages than parts: spread the layers, ends outside
+        return _layers_only(analysis, stages)
+    base, extra = divmod(len(parts), stages)
+    out: list[list[BlockCost]] = []
+    start = 0
+    for s in range(stages):
+        size = base + (1 if s < extra else 0)
+        out.append(parts[start : start + size])
+        start += size
+    return out
+
+
+def _layers_only(analysis: ModelAnalysis, stages: int) -> list[list[BlockCost]]:
     n = len(analysis.blocks)
     base, extra = divmod(n, stages)
     out: list[list[BlockCost]] = []
