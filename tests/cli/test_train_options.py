@@ -33,8 +33,8 @@ def _parse(*words: str) -> argparse.Namespace:
 @pytest.mark.timeout(300)
 def test_grad_accum_equals_one_large_batch(tmp_path):
     """fp32, 2 ranks: 3 micro-batches of 2 sequences per step give the losses of one
-    batch of 6 (the same tokens), step after step, under DDP and ZeRO-2."""
-    plugins = ["ddp", "zero2"]
+    batch of 6 (the same tokens), step after step, under DDP, ZeRO-2 and Gemini."""
+    plugins = ["ddp", "zero2", "gemini"]
     results = run_grid(accum_run, [(p, str(tmp_path)) for p in plugins], 2, timeout=250)
     for plugin, per_rank in zip(plugins, results):
         accum, big = per_rank[0]

@@ -7,6 +7,7 @@ import dataclasses
 import os
 import resource
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -245,9 +246,10 @@ def _loop(run: Run) -> int:
         t0 = time.perf_counter()
         logged = torch.zeros((), dtype=torch.float64)
         # equal micro-batches: the mean of their mean losses is the whole batch's
-        for micro in ids.chunk(accum):
-            loss = model(micro, labels=micro)[0] / accum
-            booster.backward(loss, optimizer)
+        for i, micro in enumerate(ids.chunk(accum)):
+            with _no_sync(booster, model, optimizer) if i < accum - 1 else nullcontext():
+                loss = model(micro, labels=micro)[0] / accum
+                booster.backward(loss, optimizer)
             logged += loss.detach().double().cpu()
         optimizer.step()
         optimizer.zero_grad()
@@ -299,6 +301,15 @@ def _loop(run: Run) -> int:
     if rank == 0:
         _summary(run, metrics, ckpt_path, time.perf_counter() - t_run, _offloaded(model), stopped)
     return 0
+
+
+def _no_sync(booster: Any, model: Any, optimizer: Any) -> Any:
+    """--grad-accum's micro-batches but the last: gradients stay local where the plugin
+    can (one reduction per step); otherwise each backward reduces, with the same sum."""
+    try:
+        return booster.no_sync(model, optimizer)
+    except NotImplementedError:
+        return nullcontext()
 
 
 def _out_of_time(max_time: float, t_run: float) -> bool:
