@@ -42,7 +42,10 @@ def scan(
     lines: list[dict[str, Any]],
     cluster: Any,
 ) -> tuple[float, float]:
-    """(best value, its median |log error|) over `lines`."""
+    """(best value, its median |log error|) over `lines`; with no lines, the current value
+    is kept (returned as nan: not fitted)."""
+    if not lines:
+        return float("nan"), float("nan")
     best = (values[0], float("inf"))
     for v in values:
         set_value(v)
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     for _ in range(2):  # DDP's reduction overlaps too: scan each with the other's value
         eff, e1 = scan(set_eff, effs, ddp, cluster)
         overlap, e2 = scan(set_overlap, [i / 20 for i in range(21)], zero, cluster)
-        sync, e3 = scan(set_sync, syncs, tp, cluster) if tp else (0.0, 0.0)
+        sync, e3 = scan(set_sync, syncs, tp, cluster)
     print(f"COMPUTE_EFFICIENCY[{device!r}] = {eff}  (median |log err| {e1:.3f} on {len(ddp)})")
     print(
         f"DP_OVERLAP = ZERO3_OVERLAP[{transport!r}] = {overlap}  (median |log err| {e2:.3f} on {len(zero)})"
