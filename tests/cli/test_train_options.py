@@ -124,6 +124,7 @@ BAD = [
     (["--max-time", "-1"], "--max-time -1.0; expected a positive"),
     (["--resume", "--overwrite"], "--overwrite with --resume"),
     (["--momentum", "1.5", "--optimizer", "sgd"], "--momentum 1.5; expected a number in [0, 1)"),
+    (["--plugin", "auto", "--grad-accum", "2"], "--grad-accum with --plugin auto"),
 ]
 
 
@@ -158,6 +159,9 @@ def test_config_unknown_key_and_bad_value_refused(tmp_path):
         run_config.load(str(conf), _options_parser())
     conf.write_text('optimizer = "adam"\n')
     with pytest.raises(ValueError, match="optimizer = 'adam'; expected one of adamw"):
+        run_config.load(str(conf), _options_parser())
+    conf.write_text("resume = true\n")
+    with pytest.raises(ValueError, match="'resume' is for the command line"):
         run_config.load(str(conf), _options_parser())
     conf.write_text("steps = 3\nbatch_size = 5\n")
     parsed = _parse("--config", str(conf), "--steps", "7")

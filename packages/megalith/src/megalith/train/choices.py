@@ -59,6 +59,11 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError(
             f"--keep-last {args.keep_last}; expected >= 1 (the newest checkpoint always stays)"
         )
+    if args.grad_accum > 1 and getattr(args, "plugin", None) == "auto":
+        raise ValueError(
+            "--grad-accum with --plugin auto, which plans one forward per step; give the "
+            "whole batch as --batch-size, or choose the plugin by hand"
+        )
     if args.overwrite and args.resume:
         raise ValueError("--overwrite with --resume; pass one: --overwrite starts the run anew")
 

@@ -43,7 +43,12 @@ def load(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
     for key, value in raw.items():
         dest = key.replace("-", "_")
         action = actions.get(dest)
-        if action is None or dest in _NOT_SAVED:
+        if action is not None and dest in _NOT_SAVED:
+            raise ValueError(
+                f"--config {path}: {key!r} is for the command line (this run's action, not "
+                "one of its options); remove it from the file"
+            )
+        if action is None:
             raise ValueError(
                 f"--config {path}: unknown key {key!r}; the keys are `megalith train` option "
                 "names (see megalith train --help)"
