@@ -5,6 +5,10 @@ local GPU or on 2 CPU ranks, with a progress bar, metrics, a plot and checkpoint
     megalith train --plugin zero2 --steps 1000      # ZeRO stage 2
     megalith train --plugin auto                    # the planner chooses (runs/NAME/plan.json)
     megalith train --resume                         # continue this run from its last checkpoint
+    megalith train --grad-accum 4 --optimizer lion --lr 3e-4 --lr-schedule linear
+    megalith train --config run.toml --steps 50     # options from a TOML file; the CLI wins
+    megalith train --max-time 3600 --keep-last 2    # an hour, the two newest checkpoints
+    megalith train --overwrite                      # this run's name again, from nothing
 
 Without RANK in the environment it starts the ranks itself through `megalith run`
 (--nproc, default one per GPU or 2 CPU ranks); each rank runs `python -m megalith.train`.
