@@ -67,7 +67,13 @@ class EngineState:
                 held[k][...] = np.asarray(leaves[i])
                 self.copies[i] = held[k]
         self.decay = [True] * len(leaves)  # weight decay per leaf (optax's mask)
-        self.count = 0
+        self.steps = 0  # read through `count` from outside: a jitted step may be in flight
+
+    @property
+    def count(self) -> int:
+        """Steps taken, once every jitted step in flight has run its update."""
+        jax.effects_barrier()
+        return self.steps
 
     def tree_flatten(self):
         return (), self
@@ -84,7 +90,7 @@ class EngineState:
 
     def __repr__(self) -> str:
         return (
-            f"<megalith.jax {self.optimizer} state: {len(self.names)} leaves, step {self.count}, "
+            f"<megalith.jax {self.optimizer} state: {len(self.names)} leaves, step {self.steps}, "
             f"{self.nbytes / 2**20:.1f} MiB on {self.resource.name}>"
         )
 
@@ -144,7 +150,7 @@ def load_state(source: str | os.PathLike | Mapping[str, np.ndarray], state: Engi
                 f"{where}: {key} is {src.dtype}{list(src.shape)}, the state expects "
                 f"{dst.dtype}{list(dst.shape)}; init the optimizer on the saved model's parameters"
             )
-    state.count = int(np.asarray(saved["count"])[0])
+    state.steps = int(np.asarray(saved["count"])[0])
     for key, dst in target.items():
         if key != "count":
             np.copyto(dst, np.asarray(saved[key]))

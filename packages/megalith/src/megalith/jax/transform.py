@@ -151,7 +151,7 @@ class EngineTransform:
         self, grads: Sequence[Any], params: Sequence[Any] | None, state: EngineState
     ) -> list[np.ndarray]:
         """Steps the state; returns the updates as host arrays (fresh, aligned)."""
-        count = state.count
+        count = state.steps  # not state.count: its effects barrier would wait on this callback
         lr = scalar(self.learning_rate, count, f"{self.name}: learning_rate")
         wd = scalar(self.weight_decay, count, f"{self.name}: weight_decay")
         for g in grads:  # start every device-to-host copy before the first chunk's step
@@ -160,7 +160,7 @@ class EngineTransform:
         out = FlatHost(self.scratch, state.shapes, [np.dtype(np.float32)] * len(state.shapes))
         for chunk in self._chunks(state):
             self._step_chunk(chunk, grads, params, state, out, count, lr, wd)
-        state.count = count + 1
+        state.steps = count + 1
         return out.arrays
 
     def _chunks(self, state: EngineState) -> list[list[int]]:
