@@ -101,6 +101,7 @@ def test_config_file_name_in_use_and_max_time(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "x grad accum 2 = 8 sequences of 16 tokens" in out.stdout, out.stdout[-2000:]
     assert "--max-time 0.01 s reached after step 1" in out.stdout, out.stdout[-2000:]
+    assert "  batch " in out.stdout and "2 x 2 rank(s) x grad accum 2" in out.stdout
     assert (tmp_path / "c" / "checkpoints" / "step_000001" / "trainer.json").exists()
     saved = tomllib.loads((tmp_path / "c" / "config.toml").read_text())
     assert saved["steps"] == 30 and saved["grad-accum"] == 2 and saved["lr-schedule"] == "linear"

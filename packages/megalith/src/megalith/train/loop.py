@@ -397,6 +397,7 @@ def _summary(
             f"{world.world_size} x {world.device.type}, plugin {_plugin_words(run)}"
             + _offload_words(run),
         ),
+        ("batch", _batch_words(args, world.world_size).removeprefix("; batch ")),
         ("steps", f"{rows[-1]['step']} ({seconds:.0f} s this session)"),
         *([("stopped", stopped)] if stopped else []),
         ("train loss", f"{rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f} nats"),
