@@ -19,11 +19,11 @@ which only waits when the files are still being written when it starts; the time
 waited is recorded in `last_step_wait_s`. On a group of several ranks a host chunk is
 gathered like any other (the writer needs the other ranks' shards).
 
-When the optimizer steps in backward (cpu_offload), host state is copied while the pinned
-budget allows (pinned_pool.budget: the step then never waits) and what does not fit, or
-all of it when the pin fails, is read in place: the wait then happens before the first
-in-backward update (megalith_zero calls step_pre_hooks there too), and rank 0 logs how
-much was read in place.
+When the optimizer steps in backward (cpu_offload), a region's host state is copied when
+all of it fits the pinned budget (pinned_pool.budget: the step then never waits); when
+it does not, or the pin fails, all of it is read in place (the 80 GB above), the wait
+then happening before the first in-backward update (megalith_zero calls step_pre_hooks
+there too), and rank 0 logs how much was read in place.
 """
 
 from __future__ import annotations
@@ -121,17 +121,15 @@ def _bound(numel: int, dtype: torch.dtype) -> int:
 def _reserve(
     region_name: str, sizes: list[tuple[int, torch.dtype]], host: list[bool], prefer_copy: bool
 ) -> tuple[pinned_pool.Region | None, list[bool]]:
-    """The region holding the copies and which pieces are read in place instead: a host
-    piece is copied only with prefer_copy, and while the region's budget allows."""
+    """The region holding the copies and which pieces are read in place instead: the
+    host pieces are copied only with prefer_copy and when all of them fit the region's
+    budget (copying part would not shorten the wait: the next update waits until the
+    whole write is done)."""
     region = pinned_pool.region(region_name)
     region.wait_free()
     limit = max(pinned_pool.budget(region.held), region.held)  # a held buffer costs nothing
-    room = limit - sum(_bound(*z) for z, h in zip(sizes, host) if not h)
-    in_place = []
-    for z, h in zip(sizes, host):
-        fits = prefer_copy and _bound(*z) <= room
-        room -= _bound(*z) if h and fits else 0
-        in_place.append(h and not fits)
+    fits = prefer_copy and sum(_bound(*z) for z in sizes) <= limit
+    in_place = [h and not fits for h in host]
     reason = "the pinned budget"
     for attempt in range(2):
         copied = [z for z, p in zip(sizes, in_place) if not p]
