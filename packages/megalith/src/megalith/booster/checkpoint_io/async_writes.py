@@ -164,8 +164,9 @@ def abandon(error: BaseException) -> BaseException:
     return RuntimeError(
         f"an asynchronous checkpoint save failed while capturing its state: "
         f"{type(error).__name__}: {error}{also}. Nothing of this save was published; save "
-        f"with use_async=False (a synchronous save pins no host memory), or lower "
-        f"{pinned_pool.ENV} (bytes of pinned host memory one save may use)"
+        f"with use_async=False (a synchronous save pins no host memory), or set "
+        f"{pinned_pool.ENV} (the bytes one pinned region may hold; under ZeRO host offload "
+        f"a lower one reads the host state in place instead of copying it)"
     )
 
 
