@@ -48,9 +48,13 @@ def test_checkpointing_trades_recompute_for_memory():
     full = predict(a, c, dp=8, zero_stage=1, micro_batch=4, ckpt=1.0)
     assert plain.predicted_step_s < half.predicted_step_s < full.predicted_step_s
     assert plain.predicted_peak_bytes > half.predicted_peak_bytes > full.predicted_peak_bytes
-    # the recompute is one more forward of the checkpointed layers: half of backward's
-    assert full.breakdown["recompute"] == pytest.approx(
-        full.breakdown["compute"] / 3 * sum(x.fwd_flops for x in a.blocks) / a.fwd_flops, rel=0.2
+    # the recompute is one more forward of the checkpointed layers: at most the whole
+    # forward (a third of compute: backward is twice it), and the layers are alike, so half
+    # of them checkpointed recompute half as long
+    assert 0 < full.breakdown["recompute"] <= full.breakdown["compute"] / 3 * (1 + 1e-9)
+    layers = len(a.blocks)
+    assert half.breakdown["recompute"] == pytest.approx(
+        full.breakdown["recompute"] * round(layers / 2) / layers, rel=1e-6
     )
 
 

@@ -21,6 +21,7 @@ files) and skips a damaged one with a warning naming the file and what is wrong.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import random
 import shutil
@@ -114,6 +115,9 @@ def save(
         rngs = [None] * world.world_size
         dist.all_gather_object(rngs, _rng_state())
     except BaseException:
+        if use_async:  # writes already queued into tmp finish before it is removed
+            with contextlib.suppress(Exception):  # the error being raised is the cause
+                async_writes.wait()
         if world.rank == 0:
             _discard(tmp)
         raise
