@@ -18,8 +18,8 @@ import optax
 from megalith_core import _engine
 from megalith_core.memory import host_resource
 
-from .optimizers import _float, _moments_fp32
-from .transform import EngineTransform, Group
+from .optimizers import _float, _moments_fp32, adam_rule
+from .transform import EngineTransform
 
 
 def offloaded_adamw(
@@ -40,7 +40,6 @@ def offloaded_adamw(
     """optax.adamw's arguments, plus: pinned (None: when a GPU is there), limit_bytes (the
     most host bytes the state and one step's buffers may take; MemoryError past it) and
     chunk_bytes (state bytes stepped per chunk)."""
-    from megalith_core.optim import functional as F
 
     if _float(eps_root) != 0.0 or nesterov:
         raise ValueError(
@@ -48,7 +47,6 @@ def offloaded_adamw(
             "Adam; leave eps_root=0.0 and nesterov=False"
         )
     _moments_fp32(mu_dtype, "offloaded_adamw", "mu_dtype")
-    betas, eps_f = (_float(b1), _float(b2)), _float(eps)
 
     def resource() -> _engine.memory.Resource:
         upstream = host_resource(pinned)
@@ -56,19 +54,7 @@ def offloaded_adamw(
             upstream = _engine.memory.LimitingAdaptor(upstream, limit_bytes)
         return _engine.memory.StatisticsAdaptor(upstream)
 
-    def rule(g: Group, step: int, lr: float, wd: float) -> None:
-        F.adam_step(
-            g.masters,
-            g.grads,
-            g.moments["mu"],
-            g.moments["nu"],
-            param_copies=g.copies,
-            step=step,
-            lr=lr,
-            betas=betas,
-            eps=eps_f,
-            weight_decay=wd,
-        )
+    rule = adam_rule(b1, b2, eps)
 
     return EngineTransform(
         "offloaded_adamw",

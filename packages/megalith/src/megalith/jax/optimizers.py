@@ -32,6 +32,27 @@ def _moments_fp32(mu_dtype: Any, name: str, arg: str) -> None:
         )
 
 
+def adam_rule(b1: Any, b2: Any, eps: Any):
+    """The engine's fused AdamW step on one group (in memory or offloaded alike)."""
+    betas, eps_f = (_float(b1), _float(b2)), _float(eps)
+
+    def rule(g: Group, step: int, lr: float, wd: float) -> None:
+        F.adam_step(
+            g.masters,
+            g.grads,
+            g.moments["mu"],
+            g.moments["nu"],
+            param_copies=g.copies,
+            step=step,
+            lr=lr,
+            betas=betas,
+            eps=eps_f,
+            weight_decay=wd,
+        )
+
+    return rule
+
+
 def adamw(
     learning_rate: optax.ScalarOrSchedule,
     b1: float = 0.9,
@@ -55,21 +76,7 @@ def adamw(
             "megalith.jax.adamw: nesterov=True (NAdamW) is not fused; use optax.nadamw"
         )
     _moments_fp32(mu_dtype, "adamw", "mu_dtype")
-    betas, eps_f = (_float(b1), _float(b2)), _float(eps)
-
-    def rule(g: Group, step: int, lr: float, wd: float) -> None:
-        F.adam_step(
-            g.masters,
-            g.grads,
-            g.moments["mu"],
-            g.moments["nu"],
-            param_copies=g.copies,
-            step=step,
-            lr=lr,
-            betas=betas,
-            eps=eps_f,
-            weight_decay=wd,
-        )
+    rule = adam_rule(b1, b2, eps)
 
     return EngineTransform(
         "adamw", ("mu", "nu"), rule, learning_rate, weight_decay, mask
