@@ -304,7 +304,10 @@ class NodeProcesses:
         """Ends each node's lifeline and SIGTERMs its ssh client; SIGKILL after grace seconds."""
         for proc in self.procs.values():
             if proc.stdin is not None and not proc.stdin.closed:
-                proc.stdin.close()
+                try:
+                    proc.stdin.close()
+                except BrokenPipeError:  # the ssh client already died (e.g. no sshd there)
+                    pass
             if proc.poll() is None:
                 proc.terminate()
         if not self.wait(grace):
