@@ -117,7 +117,7 @@ class OptionsCase:
         if self.pp == 1 and len(got) != self.layers:
             errors.append(f"{len(got)} of {self.layers} layers ran")
         if self.cpu_offload:  # every master and optimizer state on the host, none on the device
-            report = opt.optim.chunks[0].memory.report()
+            report = opt.zero_optimizer.chunks[0].memory.report()
             for kind in ("master", "optim_states"):
                 if report[kind].current_bytes or not report[f"{kind}@host"].current_bytes:
                     errors.append(

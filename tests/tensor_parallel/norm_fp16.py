@@ -157,7 +157,7 @@ class _Llama:
 
 
 def _skipped(opt) -> int:
-    inner = opt.optim if hasattr(opt.optim, "skipped_steps") else opt
+    inner = getattr(opt, "zero_optimizer", opt)
     return inner.skipped_steps
 
 

@@ -188,7 +188,8 @@ def _train(args: argparse.Namespace) -> int:
         )
         return _loop(run)
     finally:
-        close = getattr(getattr(optimizer, "optim", None), "close", None)
+        inner = getattr(optimizer, "zero_optimizer", None) or getattr(optimizer, "optim", None)
+        close = getattr(inner, "close", None)
         if close is not None:  # removes an NVMe swap directory now, not at exit
             close()
 

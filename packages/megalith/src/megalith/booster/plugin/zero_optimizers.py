@@ -46,7 +46,7 @@ def refresh_state_views(zopt: Any) -> None:
 
 
 class _TorchFacingOptimizer(ZeroOptimizerWrapper):
-    """`.optim` is the user's torch optimizer (ColossalAI's), its state showing the shards."""
+    """Built only through the Booster (ColossalAI's class names for isinstance checks)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError(
@@ -61,11 +61,6 @@ class _TorchFacingOptimizer(ZeroOptimizerWrapper):
         self = cls.__new__(cls)
         ZeroOptimizerWrapper.__init__(self, zopt, model, max_norm, only_rank_0)
         return self
-
-    @property
-    def optim(self) -> torch.optim.Optimizer:  # type: ignore[override]
-        refresh_state_views(self.zero_optimizer)
-        return self.zero_optimizer.optimizer
 
 
 class GeminiOptimizer(_TorchFacingOptimizer):

@@ -129,9 +129,10 @@ def _load_full_from(zmodel: Any, zopt: Any, tensors: dict[str, torch.Tensor]) ->
 
 
 class ZeroOptimizerWrapper(OptimizerWrapper):
-    """zero_optimizer: megalith_zero's ZeroOptimizer; optim (and unwrap()): it too here
-    (HybridParallelPlugin's ZeRO), the user's torch optimizer under the ZeRO plugins
-    (zero_optimizers.py). param_groups are the user's optimizer's own dicts."""
+    """zero_optimizer: megalith_zero's ZeroOptimizer; optim (and unwrap()): the user's
+    torch optimizer, as ColossalAI's, its state viewing this rank's shards (so its
+    state_dict() works; under every plugin that runs ZeRO: LowLevelZero, Gemini,
+    HybridParallel). param_groups are the user's optimizer's own dicts."""
 
     def __init__(self, zopt: Any, model: ZeroModelWrapper, max_norm: float, only_rank_0: bool):
         self.zero_optimizer = zopt
@@ -142,8 +143,11 @@ class ZeroOptimizerWrapper(OptimizerWrapper):
         self._clipped_norm: float | None = None
 
     @property
-    def optim(self) -> Any:
-        return self.zero_optimizer
+    def optim(self) -> torch.optim.Optimizer:  # type: ignore[override]
+        from .zero_optimizers import refresh_state_views
+
+        refresh_state_views(self.zero_optimizer)
+        return self.zero_optimizer.optimizer
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
