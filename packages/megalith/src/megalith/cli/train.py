@@ -9,6 +9,8 @@ local GPU or on 2 CPU ranks, with a progress bar, metrics, a plot and checkpoint
     megalith train --config run.toml --steps 50     # options from a TOML file; the CLI wins
     megalith train --max-time 3600 --keep-last 2    # an hour, the two newest checkpoints
     megalith train --overwrite                      # this run's name again, from nothing
+    megalith train --from-pretrained ckpt/llama --tokenizer ckpt/llama --lora 8
+                                                    # LoRA on a transformers checkpoint
 
 Without RANK in the environment it starts the ranks itself through `megalith run`
 (--nproc, default one per GPU or 2 CPU ranks); each rank runs `python -m megalith.train`.
@@ -56,16 +58,18 @@ def run(args: argparse.Namespace) -> int:
     from megalith.cli.main import main
     from megalith.strategy import Strategy
     from megalith.testing.spawn import free_port
-    from megalith.train import auto, choices
+    from megalith.train import auto, choices, finetune
     from megalith.train.options import to_argv
 
     try:  # once, here, before any rank starts (the ranks check again)
+        finetune.resolve_model(args)
         if auto.is_auto(args):
             auto.check_args(args)
             plugin = "auto"
         else:
             plugin = Strategy.from_cli(args).plugin
         choices.check(args)
+        finetune.check(args)
         choices.check_run_dir(args, Path(args.out) / choices.run_name(args, plugin))
     except ValueError as e:
         raise SystemExit(f"megalith train: {e}") from None

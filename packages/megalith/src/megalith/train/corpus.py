@@ -6,6 +6,8 @@ entropy of the training bytes, in nats) is what a model that ignores context
 scores; a model that learned anything scores well under it.
 Bytes that are not text (an archive, an image, a model file passed as --data) train too,
 but on noise: each such file gets a warning naming it.
+With --tokenizer the text is a Hugging Face tokenizer's tokens instead (tokenize.py);
+.jsonl files and `datasets` folders give their records' texts (data_formats.py).
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+
+from . import data_formats
 
 BUILTIN = Path(__file__).resolve().parents[1] / "data" / "shakespeare.txt.gz"
 VOCAB = 256
@@ -54,48 +59,75 @@ def _warn_if_binary(path: Path, data: bytes) -> None:
 @dataclass(frozen=True)
 class Corpus:
     name: str
-    train: torch.Tensor  # uint8
+    train: torch.Tensor  # uint8 bytes, or int32 token ids
     val: torch.Tensor
+    vocab: int = VOCAB
+    unit: str = "byte"  # what one token is, for the summary's bits per unit
 
     @property
     def unigram_nats(self) -> float:
-        counts = torch.bincount(self.train.long(), minlength=VOCAB).double()
+        counts = torch.bincount(self.train.long(), minlength=self.vocab).double()
         p = counts[counts > 0] / counts.sum()
         return float(-(p * p.log()).sum())
 
 
-def _read(path: Path) -> bytes:
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
-        if not files:
-            raise FileNotFoundError(
-                f"--data {path}: no text files ({', '.join(TEXT_SUFFIXES)}) under it"
-            )
-        parts = []
-        for f in files:
-            parts.append(f.read_bytes())
-            _warn_if_binary(f, parts[-1])
-        return b"\n".join(parts)
+def _read_file(path: Path, text_field: str) -> bytes:
+    if path.suffix == ".jsonl":
+        return data_formats.jsonl_text(path, text_field)
     data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     _warn_if_binary(path, data)
     return data
 
 
-def load(data: str | None, min_bytes: int) -> Corpus:
+def _read(path: Path, text_field: str = "text") -> bytes:
+    if data_formats.is_dataset_dir(path):
+        return data_formats.dataset_text(path, text_field)
+    if path.is_dir():
+        suffixes = (*TEXT_SUFFIXES, ".jsonl")
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in suffixes)
+        if not files:
+            raise FileNotFoundError(
+                f"--data {path}: no text files ({', '.join(suffixes)}) under it"
+            )
+        return b"\n".join(_read_file(f, text_field) for f in files)
+    return _read_file(path, text_field)
+
+
+def check(data: str | None, text_field: str = "text") -> None:
+    """ValueError naming what --data lacks, from a look at it (before any rank reads it)."""
+    if data is None:
+        return
+    path = Path(data)
+    if not path.exists():
+        raise ValueError(f"--data {path}: no such file or directory")
+    if data_formats.is_dataset_dir(path):
+        data_formats.dataset_text(path, text_field, first_only=True)
+    elif path.suffix == ".jsonl":
+        data_formats.jsonl_text(path, text_field, first_only=True)
+
+
+def load(
+    data: str | None, min_bytes: int, tokenizer: Any = None, text_field: str = "text"
+) -> Corpus:
+    """The corpus as bytes, or with a tokenizer (megalith.train.tokenize) as its token ids;
+    min_bytes: the fewest tokens that train and validate."""
     path = Path(data) if data else BUILTIN
     if not path.exists():
         raise FileNotFoundError(f"--data {path}: no such file or directory")
-    raw = _read(path)
-    if len(raw) < min_bytes:
+    raw = _read(path, text_field)
+    name = "built-in Shakespeare" if data is None else str(path)
+    if tokenizer is None or tokenizer.name == "bytes":
+        t, vocab, unit = torch.frombuffer(bytearray(raw), dtype=torch.uint8), VOCAB, "byte"
+    else:
+        ids = tokenizer.encode(raw.decode("utf-8", errors="replace"))
+        t, vocab, unit = torch.tensor(ids, dtype=torch.int32), tokenizer.vocab_size, "token"
+    if len(t) < min_bytes:
         raise ValueError(
-            f"--data {path}: {len(raw)} bytes of text; need at least {min_bytes} "
+            f"--data {path}: {len(t)} {unit}s of text; need at least {min_bytes} "
             "(20 sequences of --seq-len + 1) to train and validate"
         )
-    t = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    cut = max(len(raw) - max(len(raw) // 20, min_bytes // 2), min_bytes // 2)
-    return Corpus(
-        "built-in Shakespeare" if data is None else str(path), t[:cut].clone(), t[cut:].clone()
-    )
+    cut = max(len(t) - max(len(t) // 20, min_bytes // 2), min_bytes // 2)
+    return Corpus(name, t[:cut].clone(), t[cut:].clone(), vocab, unit)
 
 
 def batch(

@@ -17,9 +17,10 @@ import torch
 import megalith_comm as comm
 from megalith.strategy import Strategy
 
-from . import auto, choices, state
+from . import auto, choices, finetune, state, tokenize
 from . import config as run_config
 from . import corpus as text
+from .generate import generate, one_line
 from .plot import write_png
 from .progress import Metrics, Progress, human_bytes
 
@@ -33,6 +34,7 @@ def _strategy(args: argparse.Namespace, device: torch.device) -> Strategy | None
                 f"megalith train: --{name.replace('_', '-')} {getattr(args, name)}; expected >= 1"
             )
     try:
+        finetune.resolve_model(args)
         choices.check(args)
     except ValueError as e:
         raise SystemExit(f"megalith train: {e}") from None
@@ -84,6 +86,9 @@ class Run:
     run_dir: Path
     n_params: int
     auto: Any = None  # --plugin auto: the AutoPlugin (its plan)
+    seq: int = 0  # tokens per sequence the model sees, plus the one predicted after them
+    tokenizer: Any = None
+    trainable: int | None = None  # --lora: the adapters' parameters
 
 
 def _peak_bytes(model: Any) -> int:
@@ -93,19 +98,25 @@ def _peak_bytes(model: Any) -> int:
 
 
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
+    params = [p for p in model.parameters() if p.requires_grad]  # --lora: the adapters
+    decay = [p for p in params if p.dim() >= 2]
+    other = [p for p in params if p.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
 
 
 @torch.no_grad()
 def _validate(
-    model: Any, data: text.Corpus, args: argparse.Namespace, rank: int, device: torch.device
+    model: Any,
+    data: text.Corpus,
+    args: argparse.Namespace,
+    rank: int,
+    device: torch.device,
+    seq: int,
 ) -> float:
     total = torch.zeros((), dtype=torch.float64)
     for i in range(args.eval_batches):
         g = text.batch_generator(args.seed, i, rank, "val")
-        ids = text.batch(data.val, args.batch_size, args.seq_len, g).to(device)
+        ids = text.batch(data.val, args.batch_size, seq, g).to(device)
         total += float(model(ids, labels=ids)[0])
     total /= args.eval_batches
     comm.all_reduce(total, op="avg")
@@ -146,22 +157,12 @@ def _train(args: argparse.Namespace) -> int:
     comm.barrier()
     if strategy is not None:
         strategy = _swap_in(strategy, run_dir, name)
-    data = text.load(args.data, 20 * (args.seq_len + 1))
+    try:
+        tokenizer = tokenize.load(args.tokenizer)
+    except ValueError as e:
+        raise SystemExit(f"megalith train: {e}") from None
+    data = text.load(args.data, 20 * (args.seq_len + 1), tokenizer, args.text_field)
 
-    overrides: dict[str, Any] = {"vocab_size": text.VOCAB}
-    config = models.get_config(args.model)
-    if config.max_seq_len < args.seq_len:
-        overrides["max_seq_len"] = args.seq_len
-    model = models.create(
-        args.model,
-        device=device,
-        seed=args.seed,
-        activation_checkpointing=args.activation_checkpointing,
-        **overrides,
-    )
-    n_params = models.num_parameters(model)
-    optimizer = choices.make_optimizer(args, _param_groups(model, args.weight_decay))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, choices.lr_factor(args))
     # The plugin clips to --max-norm in step(); with offload and neither clipping nor fp16
     # it updates host chunks during backward.
     if strategy is None:
@@ -170,6 +171,27 @@ def _train(args: argparse.Namespace) -> int:
     else:
         plugin = strategy.make_plugin()
     booster = Booster(plugin=plugin)
+    if args.from_pretrained is not None:
+        model, context = finetune.build(args, booster)
+        n_params = finetune.parameters(model)
+        context = context or args.seq_len + 1
+    else:
+        overrides: dict[str, Any] = {"vocab_size": data.vocab}
+        config = models.get_config(args.model)
+        context = max(config.max_seq_len, args.seq_len)
+        if config.max_seq_len < args.seq_len:
+            overrides["max_seq_len"] = args.seq_len
+        model = models.create(
+            args.model,
+            device=device,
+            seed=args.seed,
+            activation_checkpointing=args.activation_checkpointing,
+            **overrides,
+        )
+        n_params = models.num_parameters(model)
+    trainable = finetune.trainable(model) if args.lora is not None else None
+    optimizer = choices.make_optimizer(args, _param_groups(model, args.weight_decay))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, choices.lr_factor(args))
     model, optimizer, _, _, scheduler = booster.boost(model, optimizer, lr_scheduler=scheduler)
     planned = plugin if strategy is None else None
     strategy = strategy or plugin.strategy
@@ -185,6 +207,10 @@ def _train(args: argparse.Namespace) -> int:
             run_dir=run_dir,
             n_params=n_params,
             auto=planned,
+            # a window of seq_len + 1 tokens where the context takes it, else seq_len
+            seq=args.seq_len if args.seq_len < context else args.seq_len - 1,
+            tokenizer=tokenizer,
+            trainable=trainable,
         )
         return _loop(run)
     finally:
@@ -217,7 +243,7 @@ def _loop(run: Run) -> int:
     metrics.truncate_after(start)
     if rank == 0:
         print(
-            f"megalith train: {args.model} ({run.n_params / 1e6:.2f} M params) on {size} "
+            f"megalith train: {args.model} ({run.n_params / 1e6:.2f} M params{_lora_words(run)}) on {size} "
             f"{device.type} rank(s), plugin {_plugin_words(run)}"
             + _offload_words(run)
             + f", {run.strategy.precision}; {data.name}: {len(data.train) / 1e6:.2f} MB train, "
@@ -240,7 +266,7 @@ def _loop(run: Run) -> int:
         ids = text.batch(
             data.train,
             per_rank * accum,
-            args.seq_len,
+            run.seq,
             text.batch_generator(args.seed, step, dp_rank, "train"),
         )
         ids = ids.to(device)
@@ -268,8 +294,9 @@ def _loop(run: Run) -> int:
         if args.max_time is not None and _out_of_time(args.max_time, t_run):
             stopped = f"--max-time {args.max_time:g} s reached after step {step}"
         if step % args.eval_every == 0 or step == args.steps or stopped:
-            last_val = _validate(model, data, args, dp_rank, device)
+            last_val = _validate(model, data, args, dp_rank, device, run.seq)
             row["val_loss"] = last_val
+            _print_sample(run, step, bar)
         metrics.write(row)
         if bar:
             bar.update(
@@ -297,11 +324,33 @@ def _loop(run: Run) -> int:
         if stopped or (args.stop_after is not None and step == args.stop_after):
             break
     state.wait_saves()  # the last checkpoint is complete (and any failure named) first
+    if args.lora is not None:
+        finetune.save_adapter(booster, model, run_dir, args)
     if bar:
         bar.close()
     if rank == 0:
         _summary(run, metrics, ckpt_path, time.perf_counter() - t_run, _offloaded(model), stopped)
     return 0
+
+
+def _print_sample(run: Run, step: int, bar: Progress | None) -> None:
+    """Collective (a sharded model's forward): greedy text after the start of the
+    validation text, one line on rank 0."""
+    n = run.args.sample_tokens
+    if n == 0:
+        return
+    prompt = [int(t) for t in run.data.val[: min(16, run.seq)]]
+    run.model.eval()
+    try:
+        new = generate(run.model, prompt, n, context=run.seq + 1, device=comm.get_world().device)
+    finally:
+        run.model.train()
+    if comm.get_world().rank == 0:
+        decode = run.tokenizer.decode
+        line = f"  sample @ {step}: {one_line(decode(prompt), 40)} >> {one_line(decode(new), 80)}"
+        if bar is not None and bar.tty:
+            line = "\r" + line.ljust(120)
+        print(line, flush=True)
 
 
 def _no_sync(booster: Any, model: Any, optimizer: Any) -> Any:
@@ -328,6 +377,12 @@ def _batch_words(args: argparse.Namespace, size: int) -> str:
         f"; batch {args.batch_size} x {size} rank(s){accum} = {total} sequences of "
         f"{args.seq_len} tokens, {args.optimizer}, lr {args.lr:g} {args.lr_schedule}"
     )
+
+
+def _lora_words(run: Run) -> str:
+    if run.trainable is None:
+        return ""
+    return f", LoRA r {run.args.lora}: {run.trainable / 1e6:.3f} M trained"
 
 
 def _plugin_words(run: Run) -> str:
@@ -392,7 +447,7 @@ def _summary(
     tok_s = sum(r["tokens_per_s"] for r in steady) / len(steady)
     vals = [r["val_loss"] for r in rows if "val_loss" in r]
     table = [
-        ("model", f"{args.model}, {run.n_params / 1e6:.2f} M params"),
+        ("model", f"{args.model}, {run.n_params / 1e6:.2f} M params" + _lora_words(run)),
         (
             "ranks",
             f"{world.world_size} x {world.device.type}, plugin {_plugin_words(run)}"
@@ -402,7 +457,10 @@ def _summary(
         ("steps", f"{rows[-1]['step']} ({seconds:.0f} s this session)"),
         *([("stopped", stopped)] if stopped else []),
         ("train loss", f"{rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f} nats"),
-        ("val loss", f"{vals[-1]:.3f} nats ({text.bits(vals[-1]):.2f} bits/byte)" if vals else "-"),
+        (
+            "val loss",
+            f"{vals[-1]:.3f} nats ({text.bits(vals[-1]):.2f} bits/{data.unit})" if vals else "-",
+        ),
         ("unigram baseline", f"{data.unigram_nats:.3f} nats"),
         (
             "tokens/s",
@@ -412,6 +470,7 @@ def _summary(
         *(auto.summary_rows(run.auto, steady, world.device.type) if run.auto else []),
         *([("offloaded / rank", offloaded)] if offloaded else []),
         ("checkpoint", str(ckpt) if ckpt else "-"),
+        *([("adapter", str(run_dir / "adapter"))] if args.lora is not None else []),
         ("metrics", str(run_dir / "metrics.jsonl")),
         *([("plan.json", str(run_dir / "plan.json"))] if run.auto else []),
         ("plot", str(run_dir / "curves.png")),

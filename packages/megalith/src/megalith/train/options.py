@@ -7,6 +7,8 @@ import argparse
 
 from megalith.cli.options import add_strategy_options
 
+from . import finetune
+
 
 def add_options(p: argparse.ArgumentParser) -> None:
     add_strategy_options(
@@ -17,7 +19,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
         auto=True,
     )
     p.add_argument(
-        "--model", default="gpt-tiny", help="a megalith.models preset (gpt-tiny ... llama-7b)"
+        "--model",
+        default=None,
+        help="a megalith.models preset (gpt-tiny ... llama-7b; default: gpt-tiny, or with "
+        "--from-pretrained the checkpoint's own)",
     )
     p.add_argument("--steps", type=int, default=400, help="optimizer steps in all (default: 400)")
     p.add_argument(
@@ -96,6 +101,21 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        metavar="BACKEND",
+        help="torch.compile the model (plugins ddp, zero1, zero2); BACKEND inductor "
+        "(default), aot_eager or eager",
+    )
+    p.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="also write TensorBoard event files under runs/NAME/tensorboard/ "
+        "(needs: pip install tensorboard)",
+    )
+    p.add_argument(
         "--stop-after", type=int, default=None, help=argparse.SUPPRESS
     )  # tests: stop as if killed
     p.add_argument(
@@ -104,6 +124,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="ranks to start (default: one per GPU, or 2 CPU ranks without a GPU)",
     )
+    finetune.add_options(p)
 
 
 _NOT_RANK_OPTIONS = {
