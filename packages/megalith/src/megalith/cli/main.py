@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import megalith
 
-SUBCOMMANDS = ("calibrate", "env", "plan", "run", "train")
+SUBCOMMANDS = ("calibrate", "env", "plan", "run", "sample", "train")
 
 
 def build_parser(prog: str = "megalith") -> argparse.ArgumentParser:
