@@ -4,7 +4,8 @@ pin fails, is read in place and the next in-backward update (cpu_offload steps i
 backward) waits for the writer. The files equal a synchronous save's while training goes
 on over a slow disk. A capture that fails mid-save first lets the writes already queued
 finish, so the failed save's temporary directory goes cleanly, the previous checkpoint
-stays loadable and the error raised is the capture's own."""
+stays loadable and the error raised is the capture's own; one that fails after the
+states were read in place lets the next update run (no write will read them)."""
 
 from __future__ import annotations
 
@@ -144,6 +145,34 @@ def budget_case(rank: int, root: str) -> dict:
     loaded = _tensors(Path(root, "reloaded"))
     state.save(booster, model, optimizer, scheduler, run, 3, {}, use_async=True)
     state.wait_saves()
+    # 4. the capture fails after capture_states read the host state in place (a guard
+    # on the next update) and pinned nothing: the update must not wait for a write
+    from megalith.booster.checkpoint_io import zero as zero_io
+
+    zopt = optimizer.zero_optimizer
+    real_groups = zero_io.hyperparameters
+
+    def failing_groups(groups):
+        raise RuntimeError(BOOM)
+
+    os.environ[pinned_pool.ENV] = str(CAP)
+    zero_io.hyperparameters = failing_groups
+    late_error = ""
+    try:
+        booster.save_optimizer(optimizer, f"{root}/late", shard=True, use_async=True)
+    except RuntimeError as e:
+        late_error = str(e)
+    zero_io.hyperparameters = real_groups
+    del os.environ[pinned_pool.ENV]
+    guards = [getattr(h, "__self__", None) for h in zopt.step_pre_hooks]
+    waiting = [
+        g for g in guards if isinstance(g, zero_capture.InPlaceReads) and not g.done.is_set()
+    ]
+    result["late failure"] = {
+        "error": late_error,
+        "hooks waiting": len(waiting),
+        "region free": pinned_pool.region("optimizer")._free.is_set(),
+    }
     result["failed save"] = {
         "error": error,
         "later error": later_error,
@@ -183,6 +212,14 @@ def test_a_budget_below_the_state_reads_it_in_place_and_equals_sync(result):
 @pytest.mark.timeout(120)
 def test_a_refused_pin_falls_back_to_reading_in_place(result):
     _check_round(result["pin failed"])
+
+
+@pytest.mark.timeout(120)
+def test_a_capture_failing_after_its_in_place_reads_lets_the_next_update_run(result):
+    r = result["late failure"]
+    assert BOOM in r["error"], r
+    assert r["hooks waiting"] == 0, f"the next update would wait for a write never queued: {r}"
+    assert r["region free"], r
 
 
 @pytest.mark.timeout(120)

@@ -530,7 +530,13 @@ def _captured(capture: Callable[[Any], Writer | None], obj: Any) -> Writer | Non
     except Exception as e:
         error = async_writes.abandon(e)
         error.__cause__ = e
-    agree(error)
+    try:
+        agree(error)
+    except BaseException:
+        release = getattr(captured, "release", None)
+        if release is not None:  # another rank failed: this capture is never written
+            release()
+        raise
     return captured
 
 

@@ -14,7 +14,7 @@ A region never pins more than the host can spare (`budget`): by default half of 
 memory /proc/meminfo says is available when it grows (plus what it holds already), or
 MEGALITH_ASYNC_PINNED_MAX_BYTES. A growth past it, or a pin the system refuses, raises
 PinnedBudgetError with the region given back; ZeRO's capture then reads host-resident
-state in place instead (zero_capture.py).
+state in place instead, or on several ranks writes it synchronously (zero_capture.py).
 """
 
 from __future__ import annotations

@@ -85,7 +85,10 @@ class ZeroCheckpointIO(CheckpointIO):
         if writer != is_writer():
             return None  # the files' writer is not the process that publishes them
         if _whole(layout):
-            return zero_capture.capture_params(zmodel, writer)
+            try:
+                return zero_capture.capture_params(zmodel, writer)
+            except zero_capture.WriteNow:
+                return None  # written synchronously (zero_capture: gathered host state)
         plan = [
             (s.name, layout.full_numel(s.name, s.numel) * 4)
             for c in zmodel.chunks
@@ -122,23 +125,30 @@ class ZeroCheckpointIO(CheckpointIO):
         if writer != is_writer():
             return None
         done = None
-        with zero.offload.resident_states(zopt):
-            zopt.reducer.wait()
-            plan, params = zero.full_optimizer.full_plan(zopt, layout)
-            if _whole(layout):
-                states, done = zero_capture.capture_states(zopt, writer)
-            else:  # full_states yields fresh host tensors: nothing training touches later
-                states = [(k, t) for k, t in zero.full_optimizer.full_states(zopt, layout)]
-            states = states if writer else []
-        files = OptimizerFiles(
-            plan=plan,
-            params=copy.deepcopy(params),
-            tensors=iter(states),
-            kind=zopt.rule.kind,
-            groups=copy.deepcopy(hyperparameters(zopt.optimizer.param_groups)),
-            loss_scale=copy.deepcopy(zopt.scaler.state_dict()) if zopt.scaler else None,
-            grad_scaler=None,
-        )
+        try:
+            with zero.offload.resident_states(zopt):
+                zopt.reducer.wait()
+                plan, params = zero.full_optimizer.full_plan(zopt, layout)
+                if _whole(layout):
+                    states, done = zero_capture.capture_states(zopt, writer)
+                else:  # full_states yields fresh host tensors: nothing training touches later
+                    states = [(k, t) for k, t in zero.full_optimizer.full_states(zopt, layout)]
+                states = states if writer else []
+            files = OptimizerFiles(
+                plan=plan,
+                params=copy.deepcopy(params),
+                tensors=iter(states),
+                kind=zopt.rule.kind,
+                groups=copy.deepcopy(hyperparameters(zopt.optimizer.param_groups)),
+                loss_scale=copy.deepcopy(zopt.scaler.state_dict()) if zopt.scaler else None,
+                grad_scaler=None,
+            )
+        except zero_capture.WriteNow:
+            return None  # written synchronously (zero_capture: gathered host state)
+        except BaseException:
+            if done is not None:  # no write will read the states: the next save may pin
+                done()
+            raise
 
         def write(directory: Path, cap: int) -> None:
             try:

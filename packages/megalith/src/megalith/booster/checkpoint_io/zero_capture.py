@@ -24,6 +24,16 @@ all of it fits the pinned budget (pinned_pool.budget: the step then never waits)
 it does not, or the pin fails, all of it is read in place (the 80 GB above), the wait
 then happening before the first in-backward update (megalith_zero calls step_pre_hooks
 there too), and rank 0 logs how much was read in place.
+
+[Note: gathered host state when the pin fails] On a group of several ranks the writer
+has no host chunk of its own to read in place: the files need the other ranks' shards,
+which only a collective brings, and a collective cannot wait for the writer thread. So
+when the pinned region cannot hold a capture that includes host-offloaded chunks (over
+the budget, or the pin refused), the capture gives up on every rank (WriteNow: the
+writer's outcome is all-reduced over the group before any gather) and the files are
+written synchronously, streamed chunk by chunk as save_full does. Like the single-rank
+in-place read it costs no host memory and the training waits for the write (the save
+call itself, instead of the next update); rank 0 logs why.
 """
 
 from __future__ import annotations
@@ -47,6 +57,11 @@ last_step_wait_s = 0.0
 _INFLIGHT_BYTES = 2 << 30
 
 
+class WriteNow(Exception):
+    """The capture gave up on every rank of the group ([Note: gathered host state when the
+    pin fails]): the caller writes the files synchronously instead."""
+
+
 class InPlaceReads:
     """The writer reads host tensors in place: zopt's next update (step(), or with
     step_in_backward the first chunk updated in backward) waits until it is done."""
@@ -65,6 +80,13 @@ class InPlaceReads:
 
     def finished(self) -> None:
         self.done.set()
+
+    def cancel(self) -> None:
+        """No write will read the state (the capture failed): nothing to wait for. On the
+        training thread only (the hook list is not changed under a running step)."""
+        self.done.set()
+        if self._before_step in self.zopt.step_pre_hooks:
+            self.zopt.step_pre_hooks.remove(self._before_step)
 
 
 class ChunkCopies:
@@ -119,12 +141,17 @@ def _bound(numel: int, dtype: torch.dtype) -> int:
 
 
 def _reserve(
-    region_name: str, sizes: list[tuple[int, torch.dtype]], host: list[bool], prefer_copy: bool
+    region_name: str,
+    sizes: list[tuple[int, torch.dtype]],
+    host: list[bool],
+    prefer_copy: bool,
+    gathered_host: bool = False,
 ) -> tuple[pinned_pool.Region | None, list[bool]]:
     """The region holding the copies and which pieces are read in place instead: the
     host pieces are copied only with prefer_copy and when all of them fit the region's
     budget (copying part would not shorten the wait: the next update waits until the
-    whole write is done)."""
+    whole write is done). gathered_host: host-offloaded chunks gathered over several
+    ranks, which cannot be read in place: WriteNow when the region cannot hold them."""
     region = pinned_pool.region(region_name)
     region.wait_free()
     limit = max(pinned_pool.budget(region.held), region.held)  # a held buffer costs nothing
@@ -139,6 +166,9 @@ def _reserve(
             region.acquire(pinned_pool.padded(copied), limit)
             break
         except pinned_pool.PinnedBudgetError as e:
+            if gathered_host:
+                _log_write_now(region_name, e)
+                raise WriteNow(str(e)) from e
             if attempt == 1 or not any(host):
                 raise RuntimeError(
                     f"asynchronous save: {e}. The device state alone needs more pinned host "
@@ -172,6 +202,29 @@ def _log_in_place(
     )
 
 
+def _log_write_now(name: str, error: pinned_pool.PinnedBudgetError) -> None:
+    from megalith.logging import get_dist_logger
+
+    get_dist_logger().warning(
+        f"asynchronous save ({name}): written synchronously, chunk by chunk: the "
+        f"host-offloaded state gathered over the ranks does not fit pinned memory ({error}; "
+        f"{pinned_pool.ENV} sets the budget)",
+        ranks=[0],
+    )
+
+
+#: the writer's outcome of reserving its region, all-reduced (max) over the group
+_RESERVED, _WRITE_NOW, _FAILED = 0, 1, 2
+
+
+def _agreed(outcome: int, device: torch.device, group: Any) -> int:
+    """The worst outcome over the group (the writer's: the others reserve nothing);
+    collective, before any gather, so no rank gathers for a capture the writer gave up."""
+    flag = torch.tensor([outcome], dtype=torch.int32, device=device)
+    comm.all_reduce(flag, op="max", group=group)
+    return int(flag.item())
+
+
 def flat_sources(
     flats: list[tuple[Any, Callable[[], torch.Tensor], torch.dtype]],
     group: Any,
@@ -184,12 +237,30 @@ def flat_sources(
     and whether any were read in place. Collective over group."""
     size = group.size
     host = [host_resident(c, size) for c, _, _ in flats]
+    gathered_host = size > 1 and any(c.tier == "host" for c, _, _ in flats)
     in_place = list(host)
-    region = None
+    region, outcome, failure = None, _RESERVED, None
     if writer:
         sizes = [(c.spec.numel, dtype) for c, _, dtype in flats]
-        region, in_place = _reserve(region_name, sizes, host, bool(zopt.step_in_backward))
+        prefer_copy = bool(zopt.step_in_backward)
+        try:
+            region, in_place = _reserve(region_name, sizes, host, prefer_copy, gathered_host)
+        except WriteNow as e:
+            outcome, failure = _WRITE_NOW, e
+        except Exception as e:
+            outcome, failure = _FAILED, e
     device = flats[0][0].full.device if flats else torch.device("cpu")
+    if size > 1 and flats:
+        outcome = _agreed(outcome, device, group)
+    if outcome == _WRITE_NOW:
+        raise failure if failure is not None else WriteNow("the writer's region gave up")
+    if outcome == _FAILED:
+        if failure is not None:
+            raise failure
+        raise RuntimeError(
+            f"asynchronous save ({region_name}): the writing rank could not reserve pinned "
+            "memory for it (its own error names the fix)"
+        )
     copies = ChunkCopies(region, device)
     out: list[torch.Tensor | None] = []
     try:
@@ -222,18 +293,20 @@ def capture_params(zmodel: Any, writer: bool) -> Callable[[Path, int], None]:
     hosts, region, read_in_place = flat_sources(
         flats, zmodel.group, writer, "model", zmodel.optimizer
     )
-    guard = InPlaceReads(zmodel.optimizer) if writer and read_in_place else None
+    guard = None
     try:
+        guard = InPlaceReads(zmodel.optimizer) if writer and read_in_place else None
         persistent = zmodel.module.state_dict(keep_vars=True).keys()
         buffers = {
             n: b.detach().to("cpu", copy=True)
             for n, b in zmodel.module.named_buffers()
             if n in persistent and writer
         }
+        plan = [(s.name, s.numel * 4) for c in zmodel.chunks for s in c.spec.slots]
     except BaseException:
-        _done(region, guard)  # no write will: the next step must not wait for one
+        _abandoned(region, guard)  # no write will: the next step must not wait for one
         raise
-    plan = [(s.name, s.numel * 4) for c in zmodel.chunks for s in c.spec.slots]
+    done = _once(region, guard)
 
     def write(directory: Path, cap: int) -> None:
         try:
@@ -246,9 +319,9 @@ def capture_params(zmodel: Any, writer: bool) -> Callable[[Path, int], None]:
                 atomic_save(buffers, directory / "buffers.safetensors", metadata={"format": "pt"})
             out.finish({n: "buffers.safetensors" for n in buffers} if writer else {})
         finally:
-            _done(region, guard)
+            done()
 
-    write.release = lambda: _done(region, guard)  # type: ignore[attr-defined]
+    write.release = done  # type: ignore[attr-defined]
     return write
 
 
@@ -268,20 +341,43 @@ def capture_states(zopt: Any, writer: bool) -> tuple[list[tuple[str, torch.Tenso
             flats.append((c, lambda c=c, state=state: c.states[state], torch.float32))
             keys.append((c, state))
     hosts, region, read_in_place = flat_sources(flats, zopt.model.group, writer, "optimizer", zopt)
-    guard = InPlaceReads(zopt) if writer and read_in_place else None
-    views = []
-    for (c, state), flat in zip(keys, hosts):
-        if flat is None:
-            continue
-        for s, step in zip(c.spec.slots, c.steps):
-            if step:
-                view = flat[s.offset : s.offset + s.numel].view(s.shape)
-                views.append((f"{s.name}{SEP}{state}", view))
-    return views, lambda: _done(region, guard)
+    guard = None
+    try:
+        guard = InPlaceReads(zopt) if writer and read_in_place else None
+        views = []
+        for (c, state), flat in zip(keys, hosts):
+            if flat is None:
+                continue
+            for s, step in zip(c.spec.slots, c.steps):
+                if step:
+                    view = flat[s.offset : s.offset + s.numel].view(s.shape)
+                    views.append((f"{s.name}{SEP}{state}", view))
+    except BaseException:
+        _abandoned(region, guard)
+        raise
+    return views, _once(region, guard)
 
 
-def _done(region: pinned_pool.Region | None, guard: InPlaceReads | None) -> None:
+def _once(region: pinned_pool.Region | None, guard: InPlaceReads | None) -> Callable[[], None]:
+    """What gives the region and the in-place reads back once the write is done; it may be
+    called again (the write's own finally, then the queue's cleanup) but acts once: a
+    second release could free the region under the next save that filled it."""
+    lock, todo = threading.Lock(), [region, guard]
+
+    def done() -> None:
+        with lock:
+            held, todo[:] = list(todo), [None, None]
+        if held[0] is not None:
+            held[0].release()
+        if held[1] is not None:
+            held[1].finished()
+
+    return done
+
+
+def _abandoned(region: pinned_pool.Region | None, guard: InPlaceReads | None) -> None:
+    """The capture failed before any write was queued: region and reads given back now."""
     if region is not None:
         region.release()
     if guard is not None:
-        guard.finished()
+        guard.cancel()
