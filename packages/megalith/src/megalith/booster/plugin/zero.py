@@ -321,7 +321,8 @@ class GeminiPlugin(_ZeroPlugin):
     device_budget_bytes=...) simulates a smaller one). offload_param_frac keeps
     that fraction of the chunks' parameter shards in host memory (at most
     offload_optim_frac: the host kernel writes them). Gradients accumulate over the
-    backward passes between two steps (enable_gradient_accumulation is always on).
+    backward passes between two steps (enable_gradient_accumulation is always on;
+    with offload, passing it True keeps the host update after backward, see zero_config).
     The boosted model's state_dict(only_rank_0=True) is the full one, on rank 0."""
 
     runs = ("gemini",)
@@ -453,6 +454,16 @@ class GeminiPlugin(_ZeroPlugin):
                 zero=ZeroTuning(chunk_bytes=chunk_bytes, overlap=enable_async_reduce),
             )
         )
+
+    def zero_config(self) -> Any:
+        """enable_gradient_accumulation=True says several plain backwards precede each
+        step (ColossalAI's pattern), so offloaded chunks are not updated during backward
+        unless set_offload(step_in_backward=True) asks (then all micro-batches but the
+        last go under booster.no_sync and the host update overlaps the last backward)."""
+        strategy = self.strategy
+        if self.enable_gradient_accumulation and strategy.step_in_backward is None:
+            strategy = strategy.replace(step_in_backward=False)
+        return strategy.zero_config()
 
     def _default_options(self) -> None:
         self.enable_gradient_accumulation = False
