@@ -10,11 +10,18 @@ policy over a one-rank group, so every tp layer and its collectives run; issue 9
 
     python -m torch.distributed.run --nproc_per_node 1 benchmarks/zero/gpu_gpt.py \
         --batch 16 --out benchmarks/results/zero_gpu/<date>_<machine>_gpt1p3b.md
+
+--tokens-per-step T (issue 20) makes each optimizer step T tokens: gradient accumulation
+over T / (batch * seq) micro-batches of --batch sequences, all but the last under the
+mode's no_sync (ZeRO's gradient buffers accumulate on the GPU; with the update in
+backward the host update overlaps the last micro-batch's backward only). Rows report
+tokens/s, 6N-TFLOPS (6 * parameters * tokens/s, MegaTrain's basis) and MFU.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import time
 import traceback
@@ -35,13 +42,29 @@ def flops_per_token(model: torch.nn.Module, seq: int) -> float:
     return 6 * n + 12 * cfg.n_layers * cfg.d_model * seq
 
 
+def accumulate(micro: list[torch.Tensor], backward, no_sync) -> torch.Tensor:
+    """One optimizer step's backwards over the micro-batches, each loss divided by their
+    count; all but the last under no_sync(). Returns the mean loss."""
+    total = 0.0
+    for i, ids in enumerate(micro):
+        last = i == len(micro) - 1
+        with contextlib.nullcontext() if last else no_sync():
+            loss = backward(ids, len(micro))
+        total = total + loss.detach()
+    return total / len(micro)
+
+
 def plain_torch(model):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
-    def step(ids):
+    def backward(ids, k):
         with torch.autocast(ids.device.type, dtype=torch.bfloat16):
             loss = model(ids, labels=ids)[0]
-        loss.backward()
+        (loss / k).backward()
+        return loss
+
+    def step(micro):
+        loss = accumulate(micro, backward, contextlib.nullcontext)  # one rank: no reduction
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
@@ -74,9 +97,13 @@ def zero_stage(stage: int, offload: bool = False, early: bool = False):
             ),
         )
 
-        def step(ids):
+        def backward(ids, k):
             loss = net(ids, labels=ids)[0]
-            opt.backward(loss)
+            opt.backward(loss / k)
+            return loss
+
+        def step(micro):
+            loss = accumulate(micro, backward, opt.no_sync)
             opt.step()
             opt.zero_grad()
             return loss
@@ -106,9 +133,19 @@ def booster(make_plugin: Callable[[], object], fused: bool):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
         net, opt, *_ = b.boost(model, opt)
 
-        def step(ids):
+        def backward(ids, k):
             loss = net(ids, labels=ids)[0]
-            b.backward(loss, opt)
+            b.backward(loss / k, opt)
+            return loss
+
+        def no_sync():
+            try:
+                return b.no_sync(net, opt)
+            except NotImplementedError:  # each backward reduces: the same sum
+                return contextlib.nullcontext()
+
+        def step(micro):
+            loss = accumulate(micro, backward, no_sync)
             opt.step()
             opt.zero_grad()
             return loss
@@ -179,6 +216,7 @@ def run(
     warmup: int,
     layers: int = 0,
     init_dtype: torch.dtype | None = None,
+    tokens_per_step: int = 0,
 ) -> dict:
     cuda = torch.cuda.is_available()  # CPU only for a smoke test of this script
     dev = torch.device("cuda" if cuda else "cpu")
@@ -191,21 +229,27 @@ def run(
     params = sum(p.numel() for p in model.parameters())
     fpt = flops_per_token(model, seq)
     step = build(model)
+    k = micro_batches(tokens_per_step, batch, seq)
     g = torch.Generator(device=dev).manual_seed(0)
-    ids = [torch.randint(0, 50257, (batch, seq), device=dev, generator=g) for _ in range(2)]
+    vocab = min(50257, model.config.vocab_size)  # GPT-2's tokens, in a padded vocabulary
+    ids = [torch.randint(0, vocab, (batch, seq), device=dev, generator=g) for _ in range(2 * k)]
+    data = [ids[:k], ids[k:]]  # two steps' micro-batches, alternating
     for i in range(warmup):
-        step(ids[i % 2])
+        step(data[i % 2])
     sync()
     t0 = time.perf_counter()
     for i in range(steps):
-        loss = step(ids[i % 2])
+        loss = step(data[i % 2])
     sync()
     dt = (time.perf_counter() - t0) / steps
-    tps = batch * seq / dt
+    tps = k * batch * seq / dt
     return {
         "mode": mode,
         "params_b": round(params / 1e9, 2),
+        "tokens_per_step": k * batch * seq,
+        "micro_batches": k,
         "tokens_per_s": tps,
+        "tflops_6n": 6 * params * tps / 1e12,
         "mfu": tps * fpt / H200_BF16_PEAK,
         "step_s": dt,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
@@ -215,6 +259,19 @@ def run(
         "loss": float(loss.detach()),
         **({"placement": step.placement()} if hasattr(step, "placement") else {}),
     }
+
+
+def micro_batches(tokens_per_step: int, batch: int, seq: int) -> int:
+    """Micro-batches per optimizer step: tokens_per_step / (batch * seq), whole; 1 for 0."""
+    per_micro = batch * seq
+    if not tokens_per_step:
+        return 1
+    if tokens_per_step < per_micro or tokens_per_step % per_micro:
+        raise SystemExit(
+            f"--tokens-per-step {tokens_per_step} is not a whole number of micro-batches of "
+            f"--batch {batch} x --seq {seq} = {per_micro} tokens: pass a multiple of {per_micro}"
+        )
+    return tokens_per_step // per_micro
 
 
 def main() -> None:
@@ -264,8 +321,16 @@ def main() -> None:
         default=0,
         help="stage 3 modes: chunks kept gathered from forward to backward (GB)",
     )
+    ap.add_argument(
+        "--tokens-per-step",
+        type=int,
+        default=0,
+        help="tokens per optimizer step: gradient accumulation over micro-batches of --batch "
+        "sequences (a multiple of batch * seq); 0: one micro-batch",
+    )
     ap.add_argument("--out", default="")
     a = ap.parse_args()
+    k = micro_batches(a.tokens_per_step, a.batch, a.seq)
     KEEP_GATHERED[0] = int(a.keep_gathered_gb * 1e9)
     OFFLOAD.update(
         tier=a.tier,
@@ -298,6 +363,7 @@ def main() -> None:
                     a.warmup,
                     a.layers,
                     init_dtype,
+                    a.tokens_per_step,
                 )
             )
             print(rows[-1], flush=True)
@@ -311,23 +377,26 @@ def main() -> None:
             torch.cuda.empty_cache()
     base = next((r["tokens_per_s"] for r in rows if r["mode"] == "torch"), None)
     lines = [
-        f"# {a.model}{f' ({a.layers} layers)' if a.layers else ''}, seq {a.seq}, micro-batch {a.batch}, bf16, ckpt {a.ckpt}, "
+        f"# {a.model}{f' ({a.layers} layers)' if a.layers else ''}, seq {a.seq}, micro-batch {a.batch}, "
+        f"{k * a.batch * a.seq} tokens per step ({k} micro-batches), bf16, ckpt {a.ckpt}, "
         f"one {torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}, "
         f"{time.strftime('%Y-%m-%d')}",
         "",
-        "MFU counts 6N + 12*L*d*seq flops per token against 989 TFLOP/s (as ANCHORS.md).",
+        "MFU counts 6N + 12*L*d*seq flops per token against 989 TFLOP/s (as ANCHORS.md); "
+        "6N-TFLOPS is 6 * parameters * tokens/s (MegaTrain's basis).",
         "",
-        "| run | tokens/s | vs plain torch | MFU | step (s) | torch peak (GiB) | device used (GiB) "
-        "| loss |",
-        "|---|---|---|---|---|---|---|---|",
+        "| run | tokens/s | vs plain torch | 6N-TFLOPS | MFU | step (s) | torch peak (GiB) "
+        "| device used (GiB) | loss |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['mode']} | failed: {r['error']} | | | | | | |")
+            lines.append(f"| {r['mode']} | failed: {r['error']} | | | | | | | |")
             continue
         ratio = f"{r['tokens_per_s'] / base:.3f}x" if base else "-"
         lines.append(
-            f"| {r['mode']} | {r['tokens_per_s']:,.0f} | {ratio} | {r['mfu']:.1%} | "
+            f"| {r['mode']} | {r['tokens_per_s']:,.0f} | {ratio} | {r['tflops_6n']:.1f} | "
+            f"{r['mfu']:.1%} | "
             f"{r['step_s']:.3f} | {r['peak_gib']:.1f} | {r['device_gib']:.1f} | {r['loss']:.4f} |"
         )
     text = "\n".join(lines) + "\n"
