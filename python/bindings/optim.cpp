@@ -6,7 +6,9 @@
 //    megalith.optim. [Note: pointer tables] converting hundreds of tensors
 //    through DLPack costs milliseconds a step, so megalith.optim validates each
 //    tensor once in Python and passes an int64 table of data pointers, one row
-//    per parameter: [param, grad, state0, state1, state2, param_copy] (0 = none).
+//    per parameter: [param, grad, state0, state1, state2, param_copy] (0 = none),
+//    or with lean Adam states (StepArgs.state_format / master_format) nine
+//    columns: [..., param_copy, scale0, scale1, param_comp].
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -35,6 +37,8 @@ namespace {
 
 using optim::AdamHyper;
 using optim::LionHyper;
+using optim::MasterFormat;
+using optim::StateFormat;
 using optim::NonFinite;
 using optim::ParamSlots;
 using optim::SgdHyper;
@@ -55,20 +59,27 @@ struct PyDeviceScalars {
 };
 
 std::vector<ParamSlots> slots_from_table(const PointerTable& table, const Int64Vector& numels) {
-  MEGALITH_EXPECTS(table.shape(1) == 6, invalid_argument,
-                   "slots: expected shape (n, 6) [param, grad, state0, state1, state2, param_copy], got (",
-                   table.shape(0), ", ", table.shape(1), ")");
+  const std::size_t cols = table.shape(1);
+  MEGALITH_EXPECTS(cols == 6 || cols == 9, invalid_argument,
+                   "slots: expected shape (n, 6) [param, grad, state0, state1, state2, param_copy] "
+                   "or (n, 9) [..., param_copy, scale0, scale1, param_comp], got (",
+                   table.shape(0), ", ", cols, ")");
   MEGALITH_EXPECTS(table.shape(0) == numels.shape(0), invalid_argument, "numels: expected ",
                    table.shape(0), " entries (one per slot row), got ", numels.shape(0));
   std::vector<ParamSlots> out(table.shape(0));
   const std::int64_t* row = table.data();
   auto ptr = [](std::int64_t v) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(v)); };
-  for (std::size_t i = 0; i < out.size(); ++i, row += 6) {
+  for (std::size_t i = 0; i < out.size(); ++i, row += cols) {
     out[i].param = static_cast<float*>(ptr(row[0]));
     out[i].grad = ptr(row[1]);
     for (int k = 0; k < 3; ++k) out[i].state[k] = static_cast<float*>(ptr(row[2 + k]));
     out[i].param_copy = ptr(row[5]);
     out[i].numel = numels.data()[i];
+    if (cols == 9) {
+      out[i].state_scale[0] = static_cast<float*>(ptr(row[6]));
+      out[i].state_scale[1] = static_cast<float*>(ptr(row[7]));
+      out[i].param_comp = ptr(row[8]);
+    }
   }
   return out;
 }
@@ -146,6 +157,16 @@ void bind_types(nb::module_& m) {
       .value("ignore", NonFinite::ignore, "no check")
       .value("detect", NonFinite::detect, "fused check; the step runs and reports it")
       .value("skip", NonFinite::skip, "no change at all when any gradient is inf/nan");
+  nb::enum_<StateFormat>(m, "StateFormat", "Storage of Adam's exp_avg and exp_avg_sq")
+      .value("f32", StateFormat::f32, "fp32, exact")
+      .value("bf16", StateFormat::bf16, "bf16, stochastically rounded")
+      .value("q8", StateFormat::q8, "8-bit codes with one fp32 scale per block");
+  nb::enum_<MasterFormat>(m, "MasterFormat", "Storage of the master parameter")
+      .value("f32", MasterFormat::f32, "fp32")
+      .value("bf16_kahan", MasterFormat::bf16_kahan, "bf16 plus a bf16 compensation buffer");
+  m.def(
+      "q8_scale_count", [](std::int64_t numel) { return optim::q8_scale_count(numel); }, "numel"_a,
+      "fp32 block scales a q8 state of `numel` elements needs (blocks of 256).");
 
   nb::class_<AdamHyper>(m, "AdamHyper", "Adam/AdamW hyper-parameters (torch.optim meanings)")
       .def(
@@ -201,16 +222,22 @@ void bind_types(nb::module_& m) {
       .def(
           "__init__",
           [](StepArgs* self, DType grad_dtype, DType copy_dtype, float grad_scale,
-             std::int64_t step, NonFinite nonfinite) {
-            new (self) StepArgs{grad_dtype, copy_dtype, grad_scale, step, nonfinite};
+             std::int64_t step, NonFinite nonfinite, StateFormat state_format,
+             MasterFormat master_format, std::uint64_t seed) {
+            new (self) StepArgs{grad_dtype,   copy_dtype,    grad_scale, step, nonfinite,
+                                state_format, master_format, seed};
           },
           "grad_dtype"_a = DType::f32, "copy_dtype"_a = DType::bf16, "grad_scale"_a = 1.0f,
-          "step"_a = 1, "nonfinite"_a = NonFinite::ignore)
+          "step"_a = 1, "nonfinite"_a = NonFinite::ignore, "state_format"_a = StateFormat::f32,
+          "master_format"_a = MasterFormat::f32, "seed"_a = 0)
       .def_rw("grad_dtype", &StepArgs::grad_dtype)
       .def_rw("copy_dtype", &StepArgs::copy_dtype)
       .def_rw("grad_scale", &StepArgs::grad_scale)
       .def_rw("step", &StepArgs::step)
-      .def_rw("nonfinite", &StepArgs::nonfinite);
+      .def_rw("nonfinite", &StepArgs::nonfinite)
+      .def_rw("state_format", &StepArgs::state_format)
+      .def_rw("master_format", &StepArgs::master_format)
+      .def_rw("seed", &StepArgs::seed);
 
   nb::class_<PyDeviceScalars>(m, "DeviceScalars",
                               "GPU-resident scalars (as data pointers, 0 = unused) for sync-free steps")

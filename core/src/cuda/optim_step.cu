@@ -317,6 +317,10 @@ void check_common(const char* optimizer, const ParamSlots* slots, std::size_t co
                    "DeviceScalars::found_inf to skip the step on inf/nan gradients");
   MEGALITH_EXPECTS(args.step >= 1, invalid_argument, optimizer, ": step is ", args.step,
                    "; expected the 1-based number of this update");
+  MEGALITH_EXPECTS(args.state_format == StateFormat::f32 && args.master_format == MasterFormat::f32,
+                   invalid_argument, optimizer,
+                   ": lean state or master formats are not supported by the CUDA step yet; pass "
+                   "StateFormat::f32 and MasterFormat::f32");
   MEGALITH_EXPECTS(!(dev.max_grad_norm > 0.0f) || dev.grad_sum_sq != nullptr, invalid_argument,
                    optimizer, ": DeviceScalars::max_grad_norm is ", dev.max_grad_norm,
                    " but grad_sum_sq is null; pass the sum of squares from grad_check() or "

@@ -22,6 +22,11 @@ struct Range {
   void* copy;
   std::int64_t begin;
   std::int64_t end;
+  // lean formats only (see megalith/optim/slots.h)
+  float* scale0 = nullptr;
+  float* scale1 = nullptr;
+  void* comp = nullptr;
+  std::uint32_t slot = 0;  // index of the slot in the call: part of the rounding stream
 };
 
 /// Per-step constants, derived once on the calling thread.
@@ -56,14 +61,26 @@ struct KernelTable {
                      float scale, double* sum_sq);
 };
 
+/// Adam over lean state formats (cpu_lean_kernels.cpp). state_format and
+/// master_format are StateFormat / MasterFormat values; sr_key mixes the seed
+/// and the step (the stochastic-rounding stream). For q8 a range starts on a
+/// block boundary of its slot and ends on one or at the slot's end.
+struct LeanKernelTable {
+  bool (*adam)(const Range&, const AdamConsts&, DType grad, int copy_dtype, int state_format,
+               int master_format, std::uint32_t sr_key, bool check);
+};
+
 namespace scalar {
 extern const KernelTable kKernels;
+extern const LeanKernelTable kLeanKernels;
 }
 namespace avx2 {
 extern const KernelTable kKernels;
+extern const LeanKernelTable kLeanKernels;
 }
 namespace avx512 {
 extern const KernelTable kKernels;
+extern const LeanKernelTable kLeanKernels;
 }
 
 }  // namespace megalith::optim::cpu::detail

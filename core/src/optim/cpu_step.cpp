@@ -20,6 +20,7 @@ namespace megalith::optim::cpu {
 namespace {
 
 using detail::KernelTable;
+using detail::LeanKernelTable;
 using detail::Range;
 
 // Below this many elements per thread, waking another thread costs more than it saves.
@@ -39,6 +40,21 @@ const KernelTable& kernels() {
 #endif
     default:
       return detail::scalar::kKernels;
+  }
+}
+
+const LeanKernelTable& lean_kernels() {
+  switch (megalith::cpu::active_simd_level()) {
+#if MEGALITH_SIMD_HAS_AVX512
+    case megalith::cpu::SimdLevel::avx512:
+      return detail::avx512::kLeanKernels;
+#endif
+#if MEGALITH_SIMD_HAS_AVX2
+    case megalith::cpu::SimdLevel::avx2:
+      return detail::avx2::kLeanKernels;
+#endif
+    default:
+      return detail::scalar::kLeanKernels;
   }
 }
 
@@ -77,10 +93,14 @@ bool visit(const ParamSlots* slots, std::size_t count, const std::vector<std::in
   bool bad = false;
   for (; s < count && offsets[s] < hi; ++s) {
     const ParamSlots& slot = slots[s];
-    if (slot.numel == 0) continue;
     std::int64_t b = std::max(lo, offsets[s]) - offsets[s];
-    std::int64_t e = std::min(hi, offsets[s + 1]) - offsets[s];
+    std::int64_t e = std::min({hi - offsets[s], offsets[s + 1] - offsets[s], slot.numel});
+    if (b >= e) continue;  // empty, or only the slot's padding (see for_each_range)
     Range r{slot.param, slot.grad, slot.state[0], slot.state[1], slot.state[2], slot.param_copy, b, e};
+    r.scale0 = slot.state_scale[0];
+    r.scale1 = slot.state_scale[1];
+    r.comp = slot.param_comp;
+    r.slot = static_cast<std::uint32_t>(s);
     bad |= kernel(r, task);
   }
   return bad;
@@ -88,18 +108,26 @@ bool visit(const ParamSlots* slots, std::size_t count, const std::vector<std::in
 
 // Runs `kernel(range, task) -> bool` over all slots, spread over the threads
 // (see [Note: interleaved chunks]). Returns true when any call returned true.
+// With block > 1 every range starts on a multiple of `block` within its slot
+// (q8 states): each slot is padded to whole blocks in the split and the piece
+// boundaries are multiples of the block.
 template <class Kernel>
-bool for_each_range(const ParamSlots* slots, std::size_t count, Kernel&& kernel) {
+bool for_each_range(const ParamSlots* slots, std::size_t count, Kernel&& kernel,
+                    std::int64_t block = 1) {
   std::vector<std::int64_t> offsets(count + 1, 0);
-  for (std::size_t i = 0; i < count; ++i) offsets[i + 1] = offsets[i] + slots[i].numel;
+  for (std::size_t i = 0; i < count; ++i) {
+    offsets[i + 1] = offsets[i] + (slots[i].numel + block - 1) / block * block;
+  }
   const std::int64_t total = offsets[count];
   if (total == 0) return false;
 
   std::int64_t by_size = std::max<std::int64_t>(1, total / kMinPerThread);
   int tasks = static_cast<int>(std::min<std::int64_t>(megalith::cpu::num_threads(), by_size));
   const bool interleaved = interleaved_schedule();
+  const std::int64_t align = std::max(kAlign, block);
+  static_assert(kChunk % optim::kQ8Block == 0, "interleaved chunks are whole q8 blocks");
   std::int64_t per_task = (total + tasks - 1) / tasks;
-  per_task = (per_task + kAlign - 1) / kAlign * kAlign;
+  per_task = (per_task + align - 1) / align * align;
 
   std::atomic<bool> found{false};
   megalith::cpu::parallel_for(tasks, [&](int t) {
@@ -128,7 +156,7 @@ bool any_nonfinite(const ParamSlots* slots, std::size_t count, const StepArgs& a
 // Shared shape of every step: optional pre-scan for skip, then one fused pass.
 template <class Kernel>
 StepResult run_step(const ParamSlots* slots, std::size_t count, const StepArgs& args,
-                    Kernel&& kernel) {
+                    Kernel&& kernel, std::int64_t block = 1) {
   MEGALITH_EXPECTS(count == 0 || slots != nullptr, invalid_argument, "slots is null but count is ",
                    count);
   MEGALITH_EXPECTS(is_optimizer_float(args.grad_dtype), type_error, "grad dtype ",
@@ -142,9 +170,12 @@ StepResult run_step(const ParamSlots* slots, std::size_t count, const StepArgs& 
   }
   const bool check = args.nonfinite == NonFinite::detect;
   // The copy dtype is per call; whether a slot has a copy is per slot.
-  result.found_nonfinite = for_each_range(slots, count, [&](const Range& r, int) {
-    return kernel(r, r.copy ? static_cast<int>(args.copy_dtype) : -1, check);
-  });
+  result.found_nonfinite = for_each_range(
+      slots, count,
+      [&](const Range& r, int) {
+        return kernel(r, r.copy ? static_cast<int>(args.copy_dtype) : -1, check);
+      },
+      block);
   return result;
 }
 
@@ -153,13 +184,81 @@ void check_step_number(std::int64_t step, const char* optimizer) {
                    "; expected the 1-based number of this update");
 }
 
+bool is_lean(const StepArgs& args) {
+  return args.state_format != StateFormat::f32 || args.master_format != MasterFormat::f32;
+}
+
+const char* state_format_name(StateFormat f) {
+  switch (f) {
+    case StateFormat::f32:
+      return "f32";
+    case StateFormat::bf16:
+      return "bf16";
+    case StateFormat::q8:
+      return "q8";
+  }
+  return "unknown";
+}
+
+// Only Adam reads the lean formats; the others must not silently ignore them.
+void check_plain_formats(const StepArgs& args, const char* optimizer) {
+  MEGALITH_EXPECTS(!is_lean(args), invalid_argument, optimizer, ": state_format ",
+                   state_format_name(args.state_format), " / master_format ",
+                   static_cast<int>(args.master_format),
+                   " are for Adam only; pass StateFormat::f32 and MasterFormat::f32");
+}
+
+void check_lean_args(const AdamHyper& h, const StepArgs& args) {
+  MEGALITH_EXPECTS(static_cast<int>(args.state_format) <= static_cast<int>(StateFormat::q8),
+                   invalid_argument, "Adam: state_format ", static_cast<int>(args.state_format),
+                   " is not a StateFormat (f32 = 0, bf16 = 1, q8 = 2)");
+  MEGALITH_EXPECTS(static_cast<int>(args.master_format) <= static_cast<int>(MasterFormat::bf16_kahan),
+                   invalid_argument, "Adam: master_format ", static_cast<int>(args.master_format),
+                   " is not a MasterFormat (f32 = 0, bf16_kahan = 1)");
+  MEGALITH_EXPECTS(!h.amsgrad, invalid_argument, "Adam: amsgrad needs fp32 states and masters (got state_format ",
+                   state_format_name(args.state_format),
+                   "); turn amsgrad off or use StateFormat::f32 and MasterFormat::f32");
+}
+
+void check_lean_slot(const ParamSlots& s, std::size_t i, const StepArgs& args) {
+  if (s.numel == 0) return;
+  if (args.state_format == StateFormat::q8) {
+    MEGALITH_EXPECTS(s.state_scale[0] != nullptr, invalid_argument, "Adam slot ", i,
+                     ": exp_avg scales (state_scale[0]) is null; state_format q8 needs ",
+                     q8_scale_count(s.numel), " fp32 scales for ", s.numel, " elements");
+    MEGALITH_EXPECTS(s.state_scale[1] != nullptr, invalid_argument, "Adam slot ", i,
+                     ": exp_avg_sq scales (state_scale[1]) is null; state_format q8 needs ",
+                     q8_scale_count(s.numel), " fp32 scales for ", s.numel, " elements");
+  }
+  if (args.master_format == MasterFormat::bf16_kahan) {
+    MEGALITH_EXPECTS(s.param_comp != nullptr, invalid_argument, "Adam slot ", i,
+                     ": param_comp is null; master_format bf16_kahan needs the bf16 compensation "
+                     "buffer beside the bf16 param");
+  }
+}
+
+// The stochastic-rounding stream of one step: splitmix64 of seed + step * golden
+// ratio, folded to 32 bits (see [Note: stochastic rounding]).
+std::uint32_t rounding_key(std::uint64_t seed, std::int64_t step) {
+  std::uint64_t z = seed + static_cast<std::uint64_t>(step) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<std::uint32_t>(z ^ (z >> 32));
+}
+
 }  // namespace
 
 StepResult adam_step(const ParamSlots* slots, std::size_t count, const AdamHyper& h,
                      const StepArgs& args) {
   static const char* const names[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
   check_step_number(args.step, "Adam");
-  for (std::size_t i = 0; i < count; ++i) check_slot(slots[i], i, "Adam", h.amsgrad ? 3 : 2, names);
+  const bool lean = is_lean(args);
+  if (lean) check_lean_args(h, args);
+  for (std::size_t i = 0; i < count; ++i) {
+    check_slot(slots[i], i, "Adam", h.amsgrad ? 3 : 2, names);
+    if (lean) check_lean_slot(slots[i], i, args);
+  }
 
   detail::AdamConsts k{};
   double t = static_cast<double>(args.step);
@@ -177,6 +276,18 @@ StepResult adam_step(const ParamSlots* slots, std::size_t count, const AdamHyper
   k.grad_scale = h.maximize ? -args.grad_scale : args.grad_scale;
   k.amsgrad = h.amsgrad;
 
+  if (lean) {
+    const LeanKernelTable& lt = lean_kernels();
+    const int sf = static_cast<int>(args.state_format), mf = static_cast<int>(args.master_format);
+    const std::uint32_t key = rounding_key(args.seed, args.step);
+    const std::int64_t block = args.state_format == StateFormat::q8 ? kQ8Block : 1;
+    return run_step(
+        slots, count, args,
+        [&](const Range& r, int copy, bool check) {
+          return lt.adam(r, k, args.grad_dtype, copy, sf, mf, key, check);
+        },
+        block);
+  }
   const KernelTable& kt = kernels();
   return run_step(slots, count, args, [&](const Range& r, int copy, bool check) {
     return kt.adam(r, k, args.grad_dtype, copy, check);
@@ -187,6 +298,7 @@ StepResult sgd_step(const ParamSlots* slots, std::size_t count, const SgdHyper& 
                     const StepArgs& args) {
   static const char* const names[] = {"momentum_buffer"};
   check_step_number(args.step, "SGD");
+  check_plain_formats(args, "SGD");
   MEGALITH_EXPECTS(!h.nesterov || (h.momentum > 0 && h.dampening == 0), invalid_argument,
                    "SGD: nesterov momentum requires momentum > 0 and dampening == 0 (got momentum ",
                    h.momentum, ", dampening ", h.dampening, ")");
@@ -213,6 +325,7 @@ StepResult lion_step(const ParamSlots* slots, std::size_t count, const LionHyper
                      const StepArgs& args) {
   static const char* const names[] = {"exp_avg"};
   check_step_number(args.step, "Lion");
+  check_plain_formats(args, "Lion");
   for (std::size_t i = 0; i < count; ++i) check_slot(slots[i], i, "Lion", 1, names);
 
   detail::LionConsts k{};

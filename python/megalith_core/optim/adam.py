@@ -6,6 +6,20 @@ bias_correction, div_scale in step), and keep torch's state_dict layout
 checkpoints move between them and torch.optim.Adam/AdamW both ways.
 
 Default weight_decay is 0 as in ColossalAI (torch.optim.AdamW's is 0.01).
+
+``state_dtype`` picks how exp_avg and exp_avg_sq are stored (see
+[Note: lean states] in core/include/megalith/optim/slots.h); bytes per
+parameter, with the fp32 master (4) and not counting the gradient:
+
+    state_dtype  states                                            total
+    "fp32"       fp32 m, v (exact, torch's layout)                 12 B
+    "bf16"       bf16 m, v, stochastically rounded                  8 B
+    "int8"       int8 m, uint8 v codes + fp32 scale per 256 each  ~6.03 B
+
+state_dict() keeps the chosen format (bf16 tensors, or the int8/uint8 codes
+with 'exp_avg_scale'/'exp_avg_sq_scale', and 'state_dtype' in each param
+group); load_state_dict() converts any of them (and torch.optim's fp32 states)
+into this optimizer's format, so resuming in the same format is bit-identical.
 """
 
 from __future__ import annotations
@@ -14,6 +28,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from . import lean_states
 from ._base import EngineOptimizer, ParamsT, increment_steps, new_step_tensor
 from .functional import adam_step
 
@@ -38,8 +53,16 @@ class _EngineAdam(EngineOptimizer):
         differentiable: bool = False,
         nvme_offload_fraction: float = 0.0,
         nvme_offload_dir: str | None = None,
+        state_dtype: str = "fp32",
+        seed: int = 0,
     ) -> None:
         name = type(self).__name__
+        lean_states.check_state_dtype(name, state_dtype)
+        if amsgrad and state_dtype != "fp32":
+            raise ValueError(
+                f"{name}: amsgrad needs fp32 states (got state_dtype={state_dtype!r}); "
+                "pass state_dtype='fp32' or amsgrad=False"
+            )
         if not 0.0 <= lr:
             raise ValueError(f"{name}: invalid learning rate {lr}; expected >= 0")
         if not 0.0 <= eps:
@@ -84,6 +107,8 @@ class _EngineAdam(EngineOptimizer):
             fused=None,
             decoupled_weight_decay=decoupled,
             bias_correction=bias_correction,
+            state_dtype=state_dtype,
+            seed=seed,
         )
         super().__init__(params, defaults)
 
@@ -96,9 +121,28 @@ class _EngineAdam(EngineOptimizer):
             group.setdefault("maximize", False)
             group.setdefault("bias_correction", True)
             group.setdefault("decoupled_weight_decay", self.defaults["decoupled_weight_decay"])
+            group.setdefault("state_dtype", "fp32")
+            group.setdefault("seed", 0)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a state dict of any state format into this optimizer's format
+        (each param group keeps its state_dtype; see the module doc)."""
+        wanted = [g["state_dtype"] for g in self.param_groups]
+        super().load_state_dict(state_dict)
+        for group, state_dtype in zip(self.param_groups, wanted):
+            group["state_dtype"] = state_dtype
+            for p in group["params"]:
+                state = self.state.get(p)
+                if state and "exp_avg" in state:
+                    # torch.optim casts floating-point states to the param's dtype on
+                    # load: a bf16 state arrives as exact fp32 and goes back here.
+                    lean_states.convert(state, state_dtype)
 
     def _init_state(self, p: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         state["step"] = new_step_tensor()
+        if group["state_dtype"] != "fp32":
+            state.update(lean_states.new_states(p, group["state_dtype"]))
+            return
         state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         if group["amsgrad"]:
@@ -112,6 +156,7 @@ class _EngineAdam(EngineOptimizer):
     ) -> bool:
         states = [self.state[p] for p in params]
         amsgrad = group["amsgrad"]
+        q8 = group["state_dtype"] == "int8"
         if amsgrad:
             for p, s in zip(params, states):
                 if "max_exp_avg_sq" not in s:  # amsgrad switched on after the first step
@@ -132,6 +177,9 @@ class _EngineAdam(EngineOptimizer):
             bias_correction=group["bias_correction"],
             maximize=group["maximize"],
             grad_scale=grad_scale,
+            exp_avg_scales=[s["exp_avg_scale"] for s in states] if q8 else None,
+            exp_avg_sq_scales=[s["exp_avg_sq_scale"] for s in states] if q8 else None,
+            seed=group["seed"],
         )
         increment_steps(states)
         return found

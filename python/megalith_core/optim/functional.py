@@ -76,17 +76,29 @@ def _check_lengths(op: str, params, grads, states, param_copies) -> None:
         raise ValueError(f"{op}: got {n} params but {len(param_copies)} param_copies")
 
 
+@dataclass(frozen=True)
+class _Lean:
+    """The dtypes and extra columns of a lean Adam table (see _lean_columns)."""
+
+    param_dtype: torch.dtype
+    state_dtypes: tuple[torch.dtype, torch.dtype]
+    extras: Sequence[tuple[str, Tensors | None, torch.dtype]]  # columns 6, 7, 8
+
+
 def _build_table(
     op: str,
     params: Tensors,
     grads: Tensors,
     states: Sequence[tuple[str, Tensors | None]],
     param_copies: Tensors | None,
+    lean: _Lean | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.device, torch.dtype, torch.dtype]:
     n = len(params)
     _check_lengths(op, params, grads, states, param_copies)
+    cols = 6 if lean is None else 9
+    param_dtype = torch.float32 if lean is None else lean.param_dtype
     if n == 0:
-        empty = torch.zeros((0, 6), dtype=torch.int64)
+        empty = torch.zeros((0, cols), dtype=torch.int64)
         return (
             empty,
             torch.zeros(0, dtype=torch.int64),
@@ -105,23 +117,30 @@ def _build_table(
     for i in range(n):
         p = params[i]
         numel = p.numel()
-        row = [0] * 6
-        named = [("params", p, 0, torch.float32), ("grads", grads[i], 1, grad_dtype)]
+        row = [0] * cols
+        named = [("params", p, 0, param_dtype, numel), ("grads", grads[i], 1, grad_dtype, numel)]
         for k, (name, lst) in enumerate(states):
             if lst is not None:
-                named.append((name, lst[i], 2 + k, torch.float32))
+                dtype = torch.float32 if lean is None or k > 1 else lean.state_dtypes[k]
+                named.append((name, lst[i], 2 + k, dtype, numel))
         if param_copies is not None:
-            named.append(("param_copies", param_copies[i], 5, copy_dtype))
-        for name, t, col, dtype in named:
+            named.append(("param_copies", param_copies[i], 5, copy_dtype, numel))
+        if lean is not None:
+            blocks = _engine.q8_scale_count(numel)
+            for k, (name, lst, dtype) in enumerate(lean.extras):
+                if lst is not None:
+                    named.append((name, lst[i], 6 + k, dtype, blocks if k < 2 else numel))
+        for name, t, col, dtype, want in named:
             if t.dtype != dtype:
                 raise TypeError(f"{op}: {name}[{i}] is {t.dtype}; expected {dtype}")
             if t.device != device:
                 raise ValueError(
                     f"{op}: {name}[{i}] is on {t.device}; expected {device} like params[0]"
                 )
-            if t.numel() != numel:
+            if t.numel() != want:
                 raise ValueError(
-                    f"{op}: {name}[{i}] has {t.numel()} elements; expected {numel} like params[{i}]"
+                    f"{op}: {name}[{i}] has {t.numel()} elements; expected {want} for "
+                    f"params[{i}] of {numel}"
                 )
             if not t.is_contiguous():
                 raise ValueError(f"{op}: {name}[{i}] is not contiguous; call .contiguous() first")
@@ -155,8 +174,15 @@ def _run(
     grad_scale: float,
     nonfinite: str,
     device_scalars: DeviceScalars | None,
+    lean: _Lean | None = None,
+    formats: dict | None = None,
 ) -> bool:
-    if params and is_numpy(params[0]):  # host arrays without torch (numpy, JAX on the CPU)
+    formats = formats or {}
+    if params and is_numpy(params[0]):
+        if lean is not None:
+            raise TypeError(
+                f"{op}: lean state formats take torch tensors, not numpy arrays"
+            )  # host arrays without torch (numpy, JAX on the CPU)
         _check_lengths(op, params, grads, states, param_copies)
         if device_scalars is not None:
             raise ValueError(f"{op}: device_scalars are for CUDA tensors; pass grad_scale")
@@ -170,7 +196,7 @@ def _run(
         )
         return bool(cpu_fn(table, numels, hyper, args))
     table, numels, device, grad_dtype, copy_dtype = _build_table(
-        op, params, grads, states, param_copies
+        op, params, grads, states, param_copies, lean
     )
     if table.shape[0] == 0:
         return False
@@ -180,6 +206,7 @@ def _run(
         grad_scale=float(grad_scale),
         step=int(step),
         nonfinite=nonfinite_mode(nonfinite),
+        **formats,
     )
     if device.type == "cpu":
         if device_scalars is not None:
@@ -219,10 +246,28 @@ def adam_step(
     grad_scale: float = 1.0,
     nonfinite: str = "ignore",
     device_scalars: DeviceScalars | None = None,
+    exp_avg_scales: Tensors | None = None,
+    exp_avg_sq_scales: Tensors | None = None,
+    param_comps: Tensors | None = None,
+    seed: int = 0,
 ) -> bool:
-    """One fused Adam/AdamW step over every tensor in the lists (see module doc)."""
+    """One fused Adam/AdamW step over every tensor in the lists (see module doc).
+
+    Lean formats (see [Note: lean states] in core/include/megalith/optim/slots.h)
+    follow from the dtypes of the first tensors:
+      - exp_avgs/exp_avg_sqs bfloat16: bf16 states, stochastically rounded with
+        the stream of ``seed`` and ``step`` (the position in the list is part of it);
+      - exp_avgs int8 and exp_avg_sqs uint8: 8-bit block-quantised states, with
+        ``exp_avg_scales``/``exp_avg_sq_scales`` float32 tensors of
+        ceil(numel / 256) block scales each;
+      - params bfloat16: bf16 masters with ``param_comps`` (bfloat16) holding the
+        Kahan compensation.
+    """
     if amsgrad and max_exp_avg_sqs is None:
         raise ValueError("adam_step: amsgrad=True needs max_exp_avg_sqs")
+    lean, formats = _lean_columns(
+        params, exp_avgs, exp_avg_sqs, exp_avg_scales, exp_avg_sq_scales, param_comps, seed
+    )
     hyper = _engine.AdamHyper(
         lr=lr,
         beta1=betas[0],
@@ -252,7 +297,66 @@ def adam_step(
         grad_scale,
         nonfinite,
         device_scalars,
+        lean,
+        formats,
     )
+
+
+_STATE_FORMATS = {
+    torch.float32: "f32",
+    torch.bfloat16: "bf16",
+    torch.int8: "q8",
+}
+
+
+def _lean_columns(
+    params: Tensors,
+    exp_avgs: Tensors,
+    exp_avg_sqs: Tensors,
+    exp_avg_scales: Tensors | None,
+    exp_avg_sq_scales: Tensors | None,
+    param_comps: Tensors | None,
+    seed: int,
+) -> tuple[_Lean | None, dict]:
+    """The lean-format table columns and StepArgs settings the tensors ask for."""
+    if not params or is_numpy(params[0]):
+        return None, {}
+    state_dtype = exp_avgs[0].dtype
+    if state_dtype not in _STATE_FORMATS:
+        raise TypeError(
+            f"adam_step: exp_avgs[0] is {state_dtype}; expected float32, bfloat16 or int8 (q8 codes)"
+        )
+    state_format = _STATE_FORMATS[state_dtype]
+    sq_dtype = torch.uint8 if state_format == "q8" else state_dtype
+    kahan = params[0].dtype == torch.bfloat16
+    if state_format == "f32" and not kahan:
+        return None, {}
+    if state_format == "q8" and (exp_avg_scales is None or exp_avg_sq_scales is None):
+        raise ValueError(
+            "adam_step: int8 exp_avgs (q8 states) need exp_avg_scales and exp_avg_sq_scales "
+            "(float32, ceil(numel / 256) elements each)"
+        )
+    if kahan and param_comps is None:
+        raise ValueError(
+            "adam_step: bfloat16 params (bf16 masters) need param_comps, a bfloat16 "
+            "compensation buffer per parameter (zeros to start)"
+        )
+    q8 = state_format == "q8"
+    lean = _Lean(
+        param_dtype=torch.bfloat16 if kahan else torch.float32,
+        state_dtypes=(state_dtype, sq_dtype),
+        extras=[
+            ("exp_avg_scales", exp_avg_scales if q8 else None, torch.float32),
+            ("exp_avg_sq_scales", exp_avg_sq_scales if q8 else None, torch.float32),
+            ("param_comps", param_comps if kahan else None, torch.bfloat16),
+        ],
+    )
+    formats = dict(
+        state_format=getattr(_engine.StateFormat, state_format),
+        master_format=_engine.MasterFormat.bf16_kahan if kahan else _engine.MasterFormat.f32,
+        seed=int(seed) & (2**64 - 1),
+    )
+    return lean, formats
 
 
 def sgd_step(
