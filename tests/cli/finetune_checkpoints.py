@@ -57,3 +57,50 @@ def write_model(directory: Path, family: str = "llama", seed: int = 0) -> Path:
     model.save_pretrained(str(directory))
     write_tokenizer(directory)
     return directory
+
+
+_WRITTEN: dict[str, Path] = {}
+
+
+def cached_model(family: str = "llama") -> Path:
+    """One tiny checkpoint per family for the whole test process (writing it costs
+    seconds of imports)."""
+    import tempfile
+
+    if family not in _WRITTEN:
+        _WRITTEN[family] = write_model(Path(tempfile.mkdtemp(prefix=f"tiny-{family}-")) / family)
+    return _WRITTEN[family]
+
+
+def write_jsonl(path: Path, records: int = 60, field: str = "text") -> Path:
+    """Records of a few hundred characters of the built-in corpus each."""
+    import json
+
+    body = text(records * 400)
+    lines = [json.dumps({field: body[i * 400 : (i + 1) * 400], "id": i}) for i in range(records)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def rank_argv(argv: list[str], monkeypatch) -> list[str]:
+    """`megalith train ARGV` up to where it would start the ranks: its checks run here
+    and the options the ranks would get come back (the launcher's part left out)."""
+    from megalith.cli import main as cli_main
+
+    started: list[list[str]] = []
+
+    def launch(words: list[str]) -> int:
+        started.append(words[words.index("megalith.train") + 1 :])
+        return 0
+
+    args = cli_main.build_parser().parse_args(["train", *argv])
+    monkeypatch.setattr(cli_main, "main", launch)
+    assert args.func(args) == 0
+    return started[0]
+
+
+def train_ranks(rank: int, argv: list[str]) -> int:
+    """What each rank runs: `python -m megalith.train ARGV`."""
+    from megalith.train.__main__ import main
+
+    return main(argv)
