@@ -8,6 +8,11 @@ rank's parameters: its tp shards and stages), param_groups (the user's optimizer
 group dicts, so an LR scheduler built on it before boost keeps driving it), scale_loss /
 unscale_grad under fp16, parameters(), add_param_group, unwrap().
 
+Half-precision parameters (a model built in bf16 or fp16) under precision "bf16" or
+"fp16" are stepped through fp32 master weights, as ColossalAI's HybridParallelAMPOptimizer
+does: each master and its optimizer states fp32, the parameter its rounded copy
+(megalith.nn.optimizer.fp32_shadows, keep_masters=True).
+
 fp16 (scaler given): backward scales the loss; before clipping or stepping the gradients
 are checked for inf/nan, the flag all-reduced over every rank of the mesh, and either
 every rank skips the step (the scale backs off) or every rank unscales and steps.
@@ -69,6 +74,11 @@ class HybridOptimizer(OptimizerWrapper):
         self._sync = True
         self._clipped = False
         self._current_grad_norm: float | None = None
+        self._masters = None
+        if getattr(model, "precision", "fp32") in ("bf16", "fp16"):
+            from megalith.nn.optimizer.fp32_shadows import Fp32Shadows
+
+            self._masters = Fp32Shadows(keep_masters=True)
 
     # -- what ColossalAI's OptimizerWrapper offers ------------------------------------
     def parameters(self) -> Iterator[torch.nn.Parameter]:
@@ -99,7 +109,10 @@ class HybridOptimizer(OptimizerWrapper):
         return None
 
     def update_master_params(self, model: Any) -> None:
-        """Nothing to copy: zero_stage 0 keeps no master copies."""
+        """The fp32 masters of half-precision parameters are taken again from them at the
+        next step (a parameter written since its last step is noticed anyway)."""
+        if self._masters is not None:
+            self._masters = type(self._masters)(keep_masters=True)
 
     @property
     def loss_scale(self) -> float:
@@ -220,7 +233,10 @@ class HybridOptimizer(OptimizerWrapper):
             self.clip_grad_by_norm(self.max_norm)
         self._clipped = False
         self._found_inf = None
-        return self.optim.step(*args, **kwargs)
+        if self._masters is None:
+            return self.optim.step(*args, **kwargs)
+        with self._masters.stepping(self.optim):
+            return self.optim.step(*args, **kwargs)
 
     def zero_grad(self, set_to_none: bool = True, *args: Any, **kwargs: Any) -> None:
         self._found_inf = None

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from megalith.nn.optimizer.fp32_shadows import Fp32Shadows
 from megalith.strategy import Strategy
 
 from ..checkpoint_io import GeneralCheckpointIO
@@ -33,6 +35,8 @@ from ..checkpoint_io.general import WholeStates, named_tensors
 from ..wrappers import ModelWrapper, OptimizerWrapper
 from .base import StrategyPlugin, warn_non_defaults, world
 from .dp_plugin_base import DPPluginBase
+
+_SHADOWS = Fp32Shadows(keep_masters=False)
 
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", None: "fp32"}
 
@@ -111,7 +115,13 @@ class FSDPOptimizer(OptimizerWrapper):
             grads = [p.grad for p in self.parameters if p.grad is not None]
             norm = float(full(torch.nn.utils.get_total_norm(grads))) if grads else None
         self._grad_norm, self._clipped_norm = norm, None
-        return self.optim.step(*args, **kwargs)
+        if not _engine_optimizer(self.optim):
+            return self.optim.step(*args, **kwargs)
+        # megalith's engine kernels step plain fp32 tensors: each DTensor shard (and a
+        # bf16 one in fp32 math, states in its dtype, as ColossalAI's HybridAdam) through
+        # a local fp32 shadow
+        with _SHADOWS.stepping(self.optim):
+            return self.optim.step(*args, **kwargs)
 
     def state_dict(self) -> dict[str, Any]:
         """torch's form with every state whole (collective: every rank gets it)."""
@@ -137,6 +147,12 @@ class FSDPOptimizer(OptimizerWrapper):
             for i, s in state_dict["state"].items()
         }
         self.optim.load_state_dict({"state": state, "param_groups": state_dict["param_groups"]})
+
+
+def _engine_optimizer(optim: Any) -> bool:
+    from megalith_core.optim._base import EngineOptimizer
+
+    return isinstance(optim, EngineOptimizer)
 
 
 class _ShardedStates(WholeStates):
@@ -179,6 +195,32 @@ class FSDPCheckpointIO(GeneralCheckpointIO):
 
     def state_layout(self, model: Any) -> WholeStates:
         return _ShardedStates()
+
+
+_warned_unpinned = False
+
+
+def _offload_policy(offload_params: bool, device: torch.device) -> Any:
+    """FSDP1's CPUOffload(offload_params=True) as FSDP2's CPUOffloadPolicy. Its pinned
+    host copies need an accelerator; on CPU ranks the parameters are in host memory
+    already, so the offload runs unpinned (warned once): the same numbers."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+    global _warned_unpinned
+    if not offload_params:
+        return OffloadPolicy()
+    if device.type == "cuda":
+        return CPUOffloadPolicy()
+    if not _warned_unpinned:
+        _warned_unpinned = True
+        warnings.warn(
+            "TorchFSDPPlugin(cpu_offload=CPUOffload(offload_params=True)) on CPU ranks: the "
+            "parameters are in host memory already; FSDP2's CPUOffloadPolicy runs with "
+            "pin_memory=False (pinning needs an accelerator)",
+            UserWarning,
+            stacklevel=4,
+        )
+    return CPUOffloadPolicy(pin_memory=False)
 
 
 def _enum_name(value: Any) -> str | None:
@@ -292,12 +334,7 @@ def apply_fsdp(
     the leaves up (BatchNorm layers in fp32, auto_wrap_policy's picks), the root last."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import (
-        CPUOffloadPolicy,
-        MixedPrecisionPolicy,
-        OffloadPolicy,
-        fully_shard,
-    )
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if plugin.param_init_fn is not None:
         for m in model.modules():
@@ -329,7 +366,7 @@ def apply_fsdp(
     kw = dict(
         mesh=DeviceMesh.from_group(group, device.type),
         reshard_after_forward=plugin.reshard_after_forward,
-        offload_policy=CPUOffloadPolicy() if plugin.offload_params else OffloadPolicy(),
+        offload_policy=_offload_policy(plugin.offload_params, device),
         ignored_params=ignored or None,
     )
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)

@@ -9,7 +9,10 @@ them with the same rule), with three differences of ColossalAI's surface:
   steps both; megalith's engine has both kernels, so FusedAdam does too);
 - `nvme_offload_fraction` and `nvme_offload_dir` only move optimizer states out of
   memory: accepted, and ignored with a warning (megalith offloads states through
-  the ZeRO plugins instead).
+  the ZeRO plugins instead);
+- bf16 and fp16 parameters (and FSDP2's DTensor shards) are stepped as ColossalAI's
+  HybridAdam steps them: each value updated in fp32 and stored back in its dtype, the
+  states kept in the parameter's dtype (fp32_shadows.py).
 """
 
 from __future__ import annotations
@@ -17,11 +20,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from megalith_core.optim import CPUAdam as _CPUAdam
 from megalith_core.optim import FusedAdam as _FusedAdam
 from megalith_core.optim import HybridAdam as _HybridAdam
 
 from ._common import ParamsT, warn_ignored
+from .fp32_shadows import Fp32Shadows, needs_shadow
+
+# keep_masters=False keeps nothing between steps: one instance serves every optimizer
+_SHADOWS = Fp32Shadows(keep_masters=False)
 
 _NVME_WHY = (
     "it only places optimizer states on NVMe and does not change the update; megalith "
@@ -54,7 +63,25 @@ def _engine_kwargs(
     return kept
 
 
-class CPUAdam(_CPUAdam):
+class _HalfParams:
+    """step() over half-precision or DTensor parameters through fp32 shadows."""
+
+    param_groups: list[dict[str, Any]]
+
+    def step(self, closure: Callable[[], float] | None = None, div_scale: float = -1.0) -> Any:
+        groups = self.param_groups
+        if not any(p.grad is not None and needs_shadow(p) for g in groups for p in g["params"]):
+            return super().step(closure, div_scale=div_scale)  # type: ignore[misc]
+        loss = None
+        if closure is not None:  # the gradients first, then the shadows take them
+            with torch.enable_grad():
+                loss = closure()
+        with _SHADOWS.stepping(self):  # type: ignore[arg-type]
+            super().step(None, div_scale=div_scale)  # type: ignore[misc]
+        return loss
+
+
+class CPUAdam(_HalfParams, _CPUAdam):
     """ColossalAI's CPUAdam(model_params, lr, bias_correction, betas, eps, weight_decay,
     adamw_mode, nvme_offload_fraction, nvme_offload_dir): Adam/AdamW stepping CPU
     parameters with the engine's SIMD kernel and CUDA parameters with its CUDA kernel."""
@@ -85,7 +112,7 @@ class CPUAdam(_CPUAdam):
         )
 
 
-class HybridAdam(_HybridAdam):
+class HybridAdam(_HalfParams, _HybridAdam):
     """ColossalAI's HybridAdam(model_params, lr, bias_correction, betas, eps, weight_decay,
     adamw_mode, nvme_offload_fraction, nvme_offload_dir, **defaults): CPU parameters
     through the SIMD kernel, CUDA parameters through one multi-tensor launch.
@@ -121,7 +148,7 @@ class HybridAdam(_HybridAdam):
         )
 
 
-class FusedAdam(_FusedAdam):
+class FusedAdam(_HalfParams, _FusedAdam):
     """ColossalAI's FusedAdam(params, lr, bias_correction, betas, eps, adamw_mode,
     weight_decay, amsgrad, set_grad_none). amsgrad=True is honoured (ColossalAI refuses
     it); set_grad_none is zero_grad()'s default."""
