@@ -217,10 +217,11 @@ def _log_write_now(name: str, error: pinned_pool.PinnedBudgetError) -> None:
 _RESERVED, _WRITE_NOW, _FAILED = 0, 1, 2
 
 
-def _agreed(outcome: int, device: torch.device, group: Any) -> int:
+def _agreed(outcome: int, group: Any) -> int:
     """The worst outcome over the group (the writer's: the others reserve nothing);
-    collective, before any gather, so no rank gathers for a capture the writer gave up."""
-    flag = torch.tensor([outcome], dtype=torch.int32, device=device)
+    collective, before any gather, so no rank gathers for a capture the writer gave up.
+    A host tensor (over the group's Gloo side): reading it back syncs no CUDA stream."""
+    flag = torch.tensor([outcome], dtype=torch.int32)
     comm.all_reduce(flag, op="max", group=group)
     return int(flag.item())
 
@@ -251,7 +252,7 @@ def flat_sources(
             outcome, failure = _FAILED, e
     device = flats[0][0].full.device if flats else torch.device("cpu")
     if size > 1 and flats:
-        outcome = _agreed(outcome, device, group)
+        outcome = _agreed(outcome, group)
     if outcome == _WRITE_NOW:
         raise failure if failure is not None else WriteNow("the writer's region gave up")
     if outcome == _FAILED:
