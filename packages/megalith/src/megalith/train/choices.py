@@ -11,6 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import compile as run_compile
+from . import tensorboard_log
+
 #: betas when --betas is left out (adamw: the loop's long-standing 0.9, 0.95)
 DEFAULT_BETAS = {"adamw": (0.9, 0.95), "lion": (0.9, 0.99)}
 
@@ -66,6 +69,8 @@ def check(args: argparse.Namespace) -> None:
         )
     if args.overwrite and args.resume:
         raise ValueError("--overwrite with --resume; pass one: --overwrite starts the run anew")
+    run_compile.check(args)  # --compile's plugin and backend
+    tensorboard_log.check(args)  # --tensorboard: the package is installed
 
 
 def make_optimizer(args: argparse.Namespace, groups: list[dict[str, Any]]) -> Any:

@@ -62,6 +62,8 @@ def _convert(path: str, key: str, value: Any, action: argparse.Action) -> Any:
         if not isinstance(value, bool):
             raise ValueError(f"--config {path}: {key} = {value!r}; expected true or false")
         return value
+    if action.nargs == "?" and isinstance(value, bool):  # --compile: true = bare flag
+        return action.const if value else None
     if isinstance(value, (dict, list)):
         raise ValueError(f"--config {path}: {key} = {value!r}; expected a single value")
     kind = action.type or str

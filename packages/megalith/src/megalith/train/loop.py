@@ -18,11 +18,15 @@ import megalith_comm as comm
 from megalith.strategy import Strategy
 
 from . import auto, choices, finetune, state, tokenize
+from . import compile as run_compile
 from . import config as run_config
 from . import corpus as text
 from .generate import generate, one_line
-from .plot import write_png
+from .mfu import Meter, format_mfu
+from .mfu import meter as mfu_meter
+from .plot import write_plot
 from .progress import Metrics, Progress, human_bytes
+from .tensorboard_log import TensorBoardLog
 
 
 def _strategy(args: argparse.Namespace, device: torch.device) -> Strategy | None:
@@ -86,6 +90,7 @@ class Run:
     run_dir: Path
     n_params: int
     auto: Any = None  # --plugin auto: the AutoPlugin (its plan)
+    meter: Meter | None = None  # rank 0: MFU's figures
     seq: int = 0  # tokens per sequence the model sees, plus the one predicted after them
     tokenizer: Any = None
     trainable: int | None = None  # --lora: the adapters' parameters
@@ -190,6 +195,9 @@ def _train(args: argparse.Namespace) -> int:
         )
         n_params = models.num_parameters(model)
     trainable = finetune.trainable(model) if args.lora is not None else None
+    meter = _meter(model, args, strategy, size) if world.rank == 0 else None
+    if args.compile:  # in place, before the plugin wraps it (checked in choices.check)
+        run_compile.apply(model, args.compile)
     optimizer = choices.make_optimizer(args, _param_groups(model, args.weight_decay))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, choices.lr_factor(args))
     model, optimizer, _, _, scheduler = booster.boost(model, optimizer, lr_scheduler=scheduler)
@@ -207,6 +215,7 @@ def _train(args: argparse.Namespace) -> int:
             run_dir=run_dir,
             n_params=n_params,
             auto=planned,
+            meter=meter,
             # a window of seq_len + 1 tokens where the context takes it, else seq_len
             seq=args.seq_len if args.seq_len < context else args.seq_len - 1,
             tokenizer=tokenizer,
@@ -241,6 +250,7 @@ def _loop(run: Run) -> int:
         run_config.save(run_dir, args)
     metrics = Metrics(run_dir / "metrics.jsonl", rank == 0)
     metrics.truncate_after(start)
+    board = TensorBoardLog(run_dir, start) if args.tensorboard and rank == 0 else None
     if rank == 0:
         print(
             f"megalith train: {args.model} ({run.n_params / 1e6:.2f} M params{_lora_words(run)}) on {size} "
@@ -291,6 +301,7 @@ def _loop(run: Run) -> int:
             "tokens_per_s": tokens_per_step / dt,
             "peak_bytes": _peak_bytes(model),
         }
+        row.update(_grad_norm_and_mfu(optimizer, run.meter, row["tokens_per_s"]))
         if args.max_time is not None and _out_of_time(args.max_time, t_run):
             stopped = f"--max-time {args.max_time:g} s reached after step {step}"
         if step % args.eval_every == 0 or step == args.steps or stopped:
@@ -298,6 +309,8 @@ def _loop(run: Run) -> int:
             row["val_loss"] = last_val
             _print_sample(run, step, bar)
         metrics.write(row)
+        if board:
+            board.write(row)
         if bar:
             bar.update(
                 step,
@@ -307,6 +320,7 @@ def _loop(run: Run) -> int:
                     "tok/s": f"{row['tokens_per_s']:.0f}",
                     "step": f"{dt * 1e3:.0f}ms",
                     "mem": human_bytes(row["peak_bytes"]),
+                    "mfu": format_mfu(row.get("mfu")),
                 },
             )
         if step % args.save_every == 0 or step == args.steps or stopped:
@@ -324,6 +338,8 @@ def _loop(run: Run) -> int:
         if stopped or (args.stop_after is not None and step == args.stop_after):
             break
     state.wait_saves()  # the last checkpoint is complete (and any failure named) first
+    if board:
+        board.close()
     if args.lora is not None:
         finetune.save_adapter(booster, model, run_dir, args)
     if bar:
@@ -351,6 +367,30 @@ def _print_sample(run: Run, step: int, bar: Progress | None) -> None:
         if bar is not None and bar.tty:
             line = "\r" + line.ljust(120)
         print(line, flush=True)
+
+
+def _meter(model: Any, args: argparse.Namespace, strategy: Strategy | None, size: int) -> Any:
+    """MFU's figures from the model as built (before the plugin wraps or shards it)."""
+    default = "bf16" if torch.cuda.is_available() else "fp32"
+    precision = strategy.precision if strategy else args.precision or default
+    return mfu_meter(model, args.seq_len, precision, size)
+
+
+def _grad_norm_and_mfu(optimizer: Any, meter: Any, tokens_per_s: float) -> dict[str, float]:
+    """The step's metrics row entries "grad_norm" (the norm the plugin's step saw) and
+    "mfu", each where it is known."""
+    out: dict[str, float] = {}
+    get = getattr(optimizer, "get_grad_norm", None)
+    try:
+        norm = get() if get is not None else None
+    except (NotImplementedError, RuntimeError):
+        norm = None
+    if norm is not None:
+        out["grad_norm"] = float(norm)
+    fraction = meter.of(tokens_per_s) if meter is not None else None
+    if fraction is not None:
+        out["mfu"] = fraction
+    return out
 
 
 def _no_sync(booster: Any, model: Any, optimizer: Any) -> Any:
@@ -442,7 +482,7 @@ def _summary(
     rows = metrics.rows
     if not rows:
         return
-    write_png(run_dir / "curves.png", [r["loss"] for r in rows], [r["tokens_per_s"] for r in rows])
+    drawn = write_plot(run_dir / "curves.png", rows, f"megalith train: {run_dir.name}")
     steady = rows[min(5, len(rows) - 1) :]
     tok_s = sum(r["tokens_per_s"] for r in steady) / len(steady)
     vals = [r["val_loss"] for r in rows if "val_loss" in r]
@@ -466,6 +506,7 @@ def _summary(
             "tokens/s",
             f"{tok_s:,.0f} (step {sum(r['step_s'] for r in steady) / len(steady) * 1e3:.0f} ms)",
         ),
+        *([("MFU", run.meter.words(tok_s))] if run.meter else []),
         ("peak memory / rank", human_bytes(max(r["peak_bytes"] for r in rows))),
         *(auto.summary_rows(run.auto, steady, world.device.type) if run.auto else []),
         *([("offloaded / rank", offloaded)] if offloaded else []),
@@ -473,7 +514,8 @@ def _summary(
         *([("adapter", str(run_dir / "adapter"))] if args.lora is not None else []),
         ("metrics", str(run_dir / "metrics.jsonl")),
         *([("plan.json", str(run_dir / "plan.json"))] if run.auto else []),
-        ("plot", str(run_dir / "curves.png")),
+        ("plot", f"{run_dir / 'curves.png'} ({drawn})"),
+        *([("tensorboard", str(run_dir / "tensorboard"))] if args.tensorboard else []),
     ]
     width = max(len(k) for k, _ in table)
     print("\n".join(f"  {k.ljust(width)}  {v}" for k, v in table), flush=True)

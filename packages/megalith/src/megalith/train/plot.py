@@ -1,101 +1,134 @@
-"""A PNG of two curves (loss, throughput) with no plotting library: a few hundred
-pixels drawn into a byte array and encoded with zlib."""
+"""runs/NAME/curves.png: train and validation loss over the steps, and tokens/s (each
+step's and smoothed) below, with titles, axis labels, step ticks and legends. Drawn
+with matplotlib when it is installed, else by plot_png (no plotting library)."""
 
 from __future__ import annotations
 
-import struct
-import zlib
+import importlib.util
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-W, H, PAD = 640, 200, 24
-COLORS = [(31, 119, 180), (214, 39, 40)]
-FONT = {  # 3x5 digits and a few letters for the axis labels
-    "0": "111101101101111",
-    "1": "010110010010111",
-    "2": "111001111100111",
-    "3": "111001111001111",
-    "4": "101101111001001",
-    "5": "111100111001111",
-    "6": "111100111101111",
-    "7": "111001010010010",
-    "8": "111101111101111",
-    "9": "111101111001111",
-    ".": "000000000000010",
-    "k": "100101110101101",
-    "-": "000000111000000",
-}
+from . import plot_png
+
+TRAIN, VAL = (31, 119, 180), (255, 127, 14)
+RAW, SMOOTH = (240, 170, 170), (214, 39, 40)
 
 
-def _panel(img: bytearray, top: int, ys: Sequence[float], color: tuple[int, int, int]) -> None:
-    if not ys:
-        return
-    lo, hi = min(ys), max(ys)
-    span = (hi - lo) or 1.0
-    n = len(ys)
-
-    def px(i: int, y: float) -> tuple[int, int]:
-        x = PAD + int(i * (W - 2 * PAD) / max(n - 1, 1))
-        return x, top + PAD + int((hi - y) / span * (H - 2 * PAD))
-
-    for x in range(PAD, W - PAD):  # axes
-        _set(img, x, top + H - PAD, (0, 0, 0))
-    for y in range(top + PAD, top + H - PAD):
-        _set(img, PAD, y, (0, 0, 0))
-    prev = px(0, ys[0])
-    for i in range(1, n):
-        cur = px(i, ys[i])
-        _line(img, prev, cur, color)
-        prev = cur
-    _text(img, PAD + 4, top + 4, _short(hi), (0, 0, 0))
-    _text(img, PAD + 4, top + H - PAD - 8, _short(lo), (0, 0, 0))
-    for dx in range(8):  # a colour key in the corner (the loss panel on top, tokens/s below)
-        for dy in range(8):
-            _set(img, W - PAD - 10 + dx, top + 4 + dy, color)
+@dataclass(frozen=True)
+class Curves:
+    steps: list[int]
+    loss: list[float]
+    val_steps: list[int]
+    val_loss: list[float]
+    tokens_per_s: list[float]
+    tokens_per_s_smoothed: list[float]
+    window: int  # steps the smoothing averages over
 
 
-def _short(v: float) -> str:
-    return f"{v / 1000:.1f}k" if abs(v) >= 1000 else f"{v:.3f}"
+def smooth(values: Sequence[float], window: int) -> list[float]:
+    """The trailing mean over `window` values (fewer at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
 
 
-def _set(img: bytearray, x: int, y: int, c: tuple[int, int, int]) -> None:
-    if 0 <= x < W and 0 <= y < 2 * H:
-        o = (y * W + x) * 3
-        img[o : o + 3] = bytes(c)
+def curves(rows: Sequence[dict[str, Any]]) -> Curves:
+    """The plot's data from metrics.jsonl's rows."""
+    steps = [int(r["step"]) for r in rows]
+    tok = [float(r["tokens_per_s"]) for r in rows]
+    window = max(1, min(50, len(rows) // 10))
+    vals = [(int(r["step"]), float(r["val_loss"])) for r in rows if "val_loss" in r]
+    return Curves(
+        steps=steps,
+        loss=[float(r["loss"]) for r in rows],
+        val_steps=[s for s, _ in vals],
+        val_loss=[v for _, v in vals],
+        tokens_per_s=tok,
+        tokens_per_s_smoothed=smooth(tok, window),
+        window=window,
+    )
 
 
-def _line(img: bytearray, a: tuple[int, int], b: tuple[int, int], c: tuple[int, int, int]) -> None:
-    steps = max(abs(b[0] - a[0]), abs(b[1] - a[1]), 1)
-    for s in range(steps + 1):
-        _set(img, a[0] + (b[0] - a[0]) * s // steps, a[1] + (b[1] - a[1]) * s // steps, c)
+def have_matplotlib() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
 
 
-def _text(img: bytearray, x: int, y: int, text: str, c: tuple[int, int, int]) -> None:
-    for ch in text:
-        glyph = FONT.get(ch)
-        if glyph:
-            for k, bit in enumerate(glyph):
-                if bit == "1":
-                    _set(img, x + k % 3, y + k // 3, c)
-        x += 4
-
-
-def write_png(path: Path, loss: Sequence[float], tokens_per_s: Sequence[float]) -> None:
-    img = bytearray(b"\xff" * (W * 2 * H * 3))
-    _panel(img, 0, loss, COLORS[0])
-    _panel(img, H, tokens_per_s, COLORS[1])
-    raw = b"".join(b"\x00" + bytes(img[y * W * 3 : (y + 1) * W * 3]) for y in range(2 * H))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return (
-            struct.pack(">I", len(data))
-            + kind
-            + data
-            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-        )
-
-    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", W, 2 * H, 8, 2, 0, 0, 0))
-    png += chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+def write_plot(
+    path: Path, rows: Sequence[dict[str, Any]], title: str, builtin: bool | None = None
+) -> str:
+    """Writes the PNG (atomically); returns which renderer drew it ("matplotlib" or
+    "builtin"). builtin=None takes matplotlib where it is installed."""
+    c = curves(rows)
+    use_builtin = not have_matplotlib() if builtin is None else builtin
+    png = builtin_png(c, title) if use_builtin else matplotlib_png(c, title)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(png)
     tmp.replace(path)
+    return "builtin" if use_builtin else "matplotlib"
+
+
+def _smoothed_label(c: Curves) -> str:
+    return f"smoothed ({c.window} steps)" if c.window > 1 else "smoothed"
+
+
+def builtin_png(c: Curves, title: str) -> bytes:
+    return builtin_canvas(c, title).png()
+
+
+def builtin_canvas(c: Curves, title: str) -> plot_png.Canvas:
+    S = plot_png.Series
+    loss = [S("train", c.steps, c.loss, TRAIN)]
+    if c.val_steps:
+        loss.append(S("validation", c.val_steps, c.val_loss, VAL, markers=True))
+    speed = [
+        S("each step", c.steps, c.tokens_per_s, RAW),
+        S(_smoothed_label(c), c.steps, c.tokens_per_s_smoothed, SMOOTH),
+    ]
+    return plot_png.render(title, [("loss", "nats/token", loss), ("throughput", "tokens/s", speed)])
+
+
+def matplotlib_figure(c: Curves, title: str) -> Any:
+    """The matplotlib Figure (no pyplot: no global state, no display needed)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    def rgb(color: tuple[int, int, int]) -> tuple[float, ...]:
+        return tuple(x / 255 for x in color)
+
+    fig = Figure(figsize=(8, 6), dpi=100, layout="constrained")
+    loss, speed = fig.subplots(2, 1, sharex=True)
+    fig.suptitle(title)
+    loss.plot(c.steps, c.loss, color=rgb(TRAIN), label="train")
+    if c.val_steps:
+        loss.plot(c.val_steps, c.val_loss, "o-", color=rgb(VAL), label="validation")
+    loss.set_title("loss")
+    loss.set_ylabel("loss (nats/token)")
+    speed.plot(c.steps, c.tokens_per_s, color=rgb(RAW), label="each step")
+    speed.plot(c.steps, c.tokens_per_s_smoothed, color=rgb(SMOOTH), label=_smoothed_label(c))
+    speed.set_title("throughput")
+    speed.set_ylabel("tokens/s")
+    for ax in (loss, speed):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.tick_params(labelbottom=True)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best")
+    return fig
+
+
+def matplotlib_png(c: Curves, title: str) -> bytes:
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = matplotlib_figure(c, title)
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
