@@ -11,6 +11,7 @@ local GPU or on 2 CPU ranks, with a progress bar, metrics, a plot and checkpoint
     megalith train --overwrite                      # this run's name again, from nothing
     megalith train --from-pretrained ckpt/llama --tokenizer ckpt/llama --lora 8
                                                     # LoRA on a transformers checkpoint
+    megalith train --compile --tensorboard          # torch.compile; TensorBoard events too
 
 Without RANK in the environment it starts the ranks itself through `megalith run`
 (--nproc, default one per GPU or 2 CPU ranks); each rank runs `python -m megalith.train`.
