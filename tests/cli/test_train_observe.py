@@ -131,3 +131,21 @@ def test_mfu_peaks_and_words():
     assert meter.words(4000.0).startswith("10.0% (5.00 MFLOP/token (traced) x 4,000 tokens/s")
     unknown = mfu.Meter(5e6, "6N", None, "no peak known for cpu", 2)
     assert unknown.of(4000.0) is None and unknown.words(4000.0).startswith("n/a (5.00")
+
+
+def test_tensorboard_resume_drops_the_steps_after_the_checkpoint(tmp_path):
+    pytest.importorskip("tensorboard")
+    first = tensorboard_log.TensorBoardLog(tmp_path)
+    for step in range(1, 5):
+        first.write({"step": step, "loss": 5.0 - step, "val_loss": None})
+    first.close()
+    again = tensorboard_log.TensorBoardLog(tmp_path, resumed_at=2)  # trained again from 3
+    for step in (3, 4):
+        again.write({"step": step, "loss": 10.0 + step})
+    again.close()
+    assert _events(tmp_path / "tensorboard")["loss/train"] == [
+        (1, 4.0),
+        (2, 3.0),
+        (3, 13.0),
+        (4, 14.0),
+    ]
