@@ -216,49 +216,58 @@ def run(
     warmup: int,
     layers: int = 0,
     init_dtype: torch.dtype | None = None,
-    tokens_per_step: int = 0,
-) -> dict:
+    tokens_per_step: tuple[int, ...] = (0,),
+) -> list[dict]:
+    """One row per entry of tokens_per_step, all on the one model `build` made (the
+    largest models take minutes to build and to place); the warm-up steps run before the
+    first entry only (the micro-batch, so the memory, is the same for every entry)."""
     cuda = torch.cuda.is_available()  # CPU only for a smoke test of this script
     dev = torch.device("cuda" if cuda else "cpu")
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
     extra = {"n_layers": layers} if layers else {}
     model = models.create(
         model_name, device=dev, dtype=init_dtype, seed=0, activation_checkpointing=ckpt, **extra
     )
     params = sum(p.numel() for p in model.parameters())
     fpt = flops_per_token(model, seq)
-    step = build(model)
-    k = micro_batches(tokens_per_step, batch, seq)
-    g = torch.Generator(device=dev).manual_seed(0)
     vocab = min(50257, model.config.vocab_size)  # GPT-2's tokens, in a padded vocabulary
-    ids = [torch.randint(0, vocab, (batch, seq), device=dev, generator=g) for _ in range(2 * k)]
-    data = [ids[:k], ids[k:]]  # two steps' micro-batches, alternating
-    for i in range(warmup):
-        step(data[i % 2])
-    sync()
-    t0 = time.perf_counter()
-    for i in range(steps):
-        loss = step(data[i % 2])
-    sync()
-    dt = (time.perf_counter() - t0) / steps
-    tps = k * batch * seq / dt
-    return {
-        "mode": mode,
-        "params_b": round(params / 1e9, 2),
-        "tokens_per_step": k * batch * seq,
-        "micro_batches": k,
-        "tokens_per_s": tps,
-        "tflops_6n": 6 * params * tps / 1e12,
-        "mfu": tps * fpt / H200_BF16_PEAK,
-        "step_s": dt,
-        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
-        # torch's peak misses the engine's chunk memory (ZeRO's states); the device's
-        # own count after the steps has both, plus torch's cache
-        "device_gib": used_gib() if cuda else 0.0,
-        "loss": float(loss.detach()),
-        **({"placement": step.placement()} if hasattr(step, "placement") else {}),
-    }
+    step = build(model)
+    rows = []
+    for n, tokens in enumerate(tokens_per_step):
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        k = micro_batches(tokens, batch, seq)
+        g = torch.Generator(device=dev).manual_seed(0)
+        ids = [torch.randint(0, vocab, (batch, seq), device=dev, generator=g) for _ in range(2 * k)]
+        data = [ids[:k], ids[k:]]  # two steps' micro-batches, alternating
+        for i in range(warmup if n == 0 else 0):
+            step(data[i % 2])
+        sync()
+        t0 = time.perf_counter()
+        for i in range(steps):
+            loss = step(data[i % 2])
+        sync()
+        dt = (time.perf_counter() - t0) / steps
+        tps = k * batch * seq / dt
+        rows.append(
+            {
+                "mode": mode,
+                "params_b": round(params / 1e9, 2),
+                "tokens_per_step": k * batch * seq,
+                "micro_batches": k,
+                "tokens_per_s": tps,
+                "tflops_6n": 6 * params * tps / 1e12,
+                "mfu": tps * fpt / H200_BF16_PEAK,
+                "step_s": dt,
+                "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+                # torch's peak misses the engine's chunk memory (ZeRO's states); the
+                # device's own count after the steps has both, plus torch's cache
+                "device_gib": used_gib() if cuda else 0.0,
+                "loss": float(loss.detach()),
+                **({"placement": step.placement()} if hasattr(step, "placement") else {}),
+            }
+        )
+        print(rows[-1], flush=True)
+    return rows
 
 
 def micro_batches(tokens_per_step: int, batch: int, seq: int) -> int:
@@ -323,14 +332,15 @@ def main() -> None:
     )
     ap.add_argument(
         "--tokens-per-step",
-        type=int,
-        default=0,
+        type=lambda v: tuple(int(t) for t in v.split(",")),
+        default=(0,),
         help="tokens per optimizer step: gradient accumulation over micro-batches of --batch "
-        "sequences (a multiple of batch * seq); 0: one micro-batch",
+        "sequences (a multiple of batch * seq); 0: one micro-batch; a comma-separated list "
+        "measures each in turn on the same model",
     )
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    k = micro_batches(a.tokens_per_step, a.batch, a.seq)
+    per_step = [(t or a.batch * a.seq, micro_batches(t, a.batch, a.seq)) for t in a.tokens_per_step]
     KEEP_GATHERED[0] = int(a.keep_gathered_gb * 1e9)
     OFFLOAD.update(
         tier=a.tier,
@@ -351,7 +361,7 @@ def main() -> None:
     rows = []
     for m in a.modes.split(","):
         try:
-            rows.append(
+            rows.extend(
                 run(
                     m,
                     table[m],
@@ -366,7 +376,6 @@ def main() -> None:
                     a.tokens_per_step,
                 )
             )
-            print(rows[-1], flush=True)
         except Exception:
             traceback.print_exc()
             rows.append(
@@ -375,27 +384,31 @@ def main() -> None:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    base = next((r["tokens_per_s"] for r in rows if r["mode"] == "torch"), None)
+    # plain torch at the same tokens per step
+    base = {r["tokens_per_step"]: r["tokens_per_s"] for r in rows if r["mode"] == "torch"}
     lines = [
         f"# {a.model}{f' ({a.layers} layers)' if a.layers else ''}, seq {a.seq}, micro-batch {a.batch}, "
-        f"{k * a.batch * a.seq} tokens per step ({k} micro-batches), bf16, ckpt {a.ckpt}, "
+        f"tokens per step {', '.join(f'{t} ({k} micro-batches)' for t, k in per_step)}, "
+        f"bf16, ckpt {a.ckpt}, "
         f"one {torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}, "
         f"{time.strftime('%Y-%m-%d')}",
         "",
         "MFU counts 6N + 12*L*d*seq flops per token against 989 TFLOP/s (as ANCHORS.md); "
         "6N-TFLOPS is 6 * parameters * tokens/s (MegaTrain's basis).",
         "",
-        "| run | tokens/s | vs plain torch | 6N-TFLOPS | MFU | step (s) | torch peak (GiB) "
-        "| device used (GiB) | loss |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| run | tokens/step | tokens/s | vs plain torch | 6N-TFLOPS | MFU | step (s) "
+        "| torch peak (GiB) | device used (GiB) | loss |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['mode']} | failed: {r['error']} | | | | | | | |")
+            lines.append(f"| {r['mode']} | | failed: {r['error']} | | | | | | | |")
             continue
-        ratio = f"{r['tokens_per_s'] / base:.3f}x" if base else "-"
+        peer = base.get(r["tokens_per_step"])
+        ratio = f"{r['tokens_per_s'] / peer:.3f}x" if peer else "-"
         lines.append(
-            f"| {r['mode']} | {r['tokens_per_s']:,.0f} | {ratio} | {r['tflops_6n']:.1f} | "
+            f"| {r['mode']} | {r['tokens_per_step']:,} | {r['tokens_per_s']:,.0f} | {ratio} | "
+            f"{r['tflops_6n']:.1f} | "
             f"{r['mfu']:.1%} | "
             f"{r['step_s']:.3f} | {r['peak_gib']:.1f} | {r['device_gib']:.1f} | {r['loss']:.4f} |"
         )

@@ -28,26 +28,34 @@ def _main(rank: int, argv: list[str]) -> None:
 
 def _rows(text: str) -> dict[str, list[str]]:
     cells = [line.strip("|").split("|") for line in text.splitlines() if line.startswith("| ")]
-    return {c[0].strip(): [x.strip() for x in c[1:]] for c in cells[1:]}
+    return {(c[0].strip(), c[1].strip()): [x.strip() for x in c[2:]] for c in cells[1:]}
 
 
 def test_tokens_per_step_accumulates_micro_batches(tmp_path):
     out = tmp_path / "rows.md"
     argv = ["--model", "gpt-tiny", "--layers", "1", "--seq", "16", "--batch", "2"]
-    argv += ["--tokens-per-step", "96", "--steps", "1", "--warmup", "1"]
+    argv += ["--tokens-per-step", "32,96", "--steps", "1", "--warmup", "1"]
     argv += ["--modes", "torch,zero2-offload", "--out", str(out)]
     run_distributed(_main, 1, argv, timeout=120)
     text = out.read_text()
-    assert "96 tokens per step (3 micro-batches)" in text, text
+    assert "tokens per step 32 (1 micro-batches), 96 (3 micro-batches)" in text, text
     rows = _rows(text)
-    assert set(rows) == {"torch", "zero2-offload"}, text
+    assert set(rows) == {
+        ("torch", "32"),
+        ("torch", "96"),
+        ("zero2-offload", "32"),
+        ("zero2-offload", "96"),
+    }, text
     for cells in rows.values():
-        tokens_per_s, tflops, loss = float(cells[0].replace(",", "")), cells[2], cells[-1]
-        assert tokens_per_s > 0 and float(tflops) >= 0, text
-        # the second step's loss of a random gpt-tiny: about ln(vocab), finite
+        tokens_per_s, ratio, tflops, loss = cells[0], cells[1], cells[2], cells[-1]
+        assert float(tokens_per_s.replace(",", "")) > 0 and float(tflops) >= 0, text
+        assert ratio.endswith("x"), text  # against plain torch at the same tokens per step
+        # a random gpt-tiny after a step or two: about ln(vocab), finite
         assert abs(float(loss) - math.log(50304)) < 1.0, text
-    # the same data and the same update: bf16 autocast against bf16 ZeRO working params
-    assert float(rows["torch"][-1]) == pytest.approx(float(rows["zero2-offload"][-1]), abs=0.05)
+    # the same data and the same updates: bf16 autocast against bf16 ZeRO working params
+    for tokens in ("32", "96"):
+        torch_loss, zero_loss = rows["torch", tokens][-1], rows["zero2-offload", tokens][-1]
+        assert float(torch_loss) == pytest.approx(float(zero_loss), abs=0.05), text
 
 
 def test_tokens_per_step_must_be_whole_micro_batches():

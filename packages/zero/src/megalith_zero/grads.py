@@ -8,6 +8,13 @@ goes on. [Note: reduce order] Chunks are reduced strictly in descending index
 order (the order backward fills them in), and whatever has not gone when backward
 ends goes then, in the same order: every rank issues the same collectives in the
 same order even when different ranks leave different parameters unused.
+
+[Note: local accumulation] Inside no_sync() a chunk's full-size gradient buffer stays
+until the first synchronised backward reduces it. On one rank at stage 2 or 3 that
+buffer only doubles the shard's (gradient accumulation at world 1 would hold twice the
+model's gradients on the device): there the reduction, a local move into the shard, runs
+under no_sync too, so micro-batches accumulate into the shard. Such a backward still
+counts as not synchronised (no chunk is reported reduced: nothing is updated in it).
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ class GradReducer:
         self.on_chunk_done = on_chunk_done  # stage 3 releases gathered params here
         self.on_backward_end = on_backward_end
         self.sync = True
+        #: reduce inside no_sync too ([Note: local accumulation])
+        self._local = group.size == 1 and all(c.stage != 1 for c in self.chunks)
         self._next = len(self.chunks) - 1
         self._pending: list[tuple[FlatChunk, comm.Handle]] = []
         self._arrived = [0] * len(self.chunks)
@@ -82,7 +91,7 @@ class GradReducer:
             if self._arrived[k] == len(chunk.params):
                 if self.on_chunk_done is not None:
                     self.on_chunk_done(chunk)
-                if self.sync and self.overlap:
+                if (self.sync or self._local) and self.overlap:
                     self._launch(until_complete=True)
 
         return on_grad
@@ -105,9 +114,10 @@ class GradReducer:
 
     def _end_backward(self) -> None:
         self._in_backward = False
-        if self.sync:
+        if self.sync or self._local:
             self._launch(until_complete=False)
             self.wait()
+        if self.sync:
             self.synced_backwards += 1
         self._next = len(self.chunks) - 1
         self._arrived = [0] * len(self.chunks)
@@ -122,7 +132,7 @@ class GradReducer:
     def _finish(self, c: FlatChunk, handle: comm.Handle) -> None:
         handle.wait()
         c.finish_reduce()
-        if self.on_reduced is not None:
+        if self.on_reduced is not None and self.sync:
             self.on_reduced(c)
 
     def remove(self) -> None:
