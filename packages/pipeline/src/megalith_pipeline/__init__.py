@@ -19,6 +19,7 @@ from .layers import as_layers
 from .partition import Partition, partition
 from .parts import PipelineParts
 from .pipeline import Pipeline
+from .release import free_other_stages
 from .schedule import Action, Schedule
 from .schedules import NAMES as SCHEDULES
 from .schedules import make_schedule
@@ -43,6 +44,7 @@ __all__ = [
     "Timeline",
     "__version__",
     "as_layers",
+    "free_other_stages",
     "gpt2_parts",
     "llama_parts",
     "make_schedule",

@@ -10,7 +10,7 @@ reduce_dp averages every gradient over the data-parallel group.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -19,6 +19,9 @@ import megalith_comm as comm
 
 from .partition import Partition
 from .schedule import Schedule
+
+#: a data-parallel wrapper's views of the given parameters' reduced gradients
+ReducedGrads = Callable[[list[nn.Parameter]], Sequence[torch.Tensor]]
 
 
 class TiedParams:
@@ -96,23 +99,30 @@ class TiedParams:
             for p in self._local(uses)
         ]
 
-    def reduce_grads(self) -> None:
-        """Gives every copy of a tied parameter the sum of all copies' gradients."""
-        sums: list[tuple[torch.Tensor, list[nn.Parameter]]] = []
+    def reduce_grads(self, reduced: ReducedGrads | None = None) -> None:
+        """Gives every copy of a tied parameter the sum of all copies' gradients: on .grad,
+        or where `reduced` says a data-parallel wrapper keeps them after its reduction
+        (ZeroOptimizer.reduced_grads: summing over stages commutes with its dp average)."""
+        sums: list[tuple[torch.Tensor, list[nn.Parameter], list[torch.Tensor] | None]] = []
         by_group: dict[tuple[int, ...], list[torch.Tensor]] = {}
         for holders, uses in self.ties:
             local = self._local(uses)
             if not local:
                 continue
-            grads = [p.grad for p in local if p.grad is not None]
+            views = list(reduced(local)) if reduced is not None else None
+            grads = views if views is not None else [p.grad for p in local if p.grad is not None]
             # Unused here: the share is zero, but the sum over the ranks must still run.
             total = torch.zeros_like(local[0]) if not grads else sum(grads[1:], grads[0].clone())
-            sums.append((total, local))
+            sums.append((total, local, views))
             if len(holders) > 1:
                 by_group.setdefault(holders, []).append(total)
         for holders, grads in by_group.items():
             comm.all_reduce_coalesced(grads, op="sum", group=self._groups[holders])
-        for total, local in sums:
+        for total, local, views in sums:
+            if views is not None:
+                for view in views:
+                    view.copy_(total)
+                continue
             for p in local:
                 p.grad = total if len(local) == 1 else total.clone()
 

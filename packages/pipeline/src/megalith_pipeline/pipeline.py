@@ -23,7 +23,7 @@ import megalith_comm as comm
 
 from .channels import Channels
 from .executor import Executor
-from .grads import TiedParams, reduce_dp
+from .grads import ReducedGrads, TiedParams, reduce_dp
 from .layers import as_layers, named_ties
 from .partition import Partition, partition
 from .schedule import Schedule
@@ -115,6 +115,9 @@ class Pipeline:
         self.tied = TiedParams(
             layers, self.partition, schedule, self.group, mesh, pp_axis, named_ties(model)
         )
+        #: under a no_sync wrapper (step(no_sync=...)): its views of the tied parameters'
+        #: reduced gradients, where their sum over the stages is taken (grads.TiedParams)
+        self.reduced_grads: ReducedGrads | None = None
         self.channels = Channels(schedule, self.group, self._device())
         self.executor = Executor(schedule, self.rank, self.stages, self.channels, loss_fn)
         self._last_stats: StepStats | None = None
@@ -194,17 +197,18 @@ class Pipeline:
         """
         if self.loss_fn is None:
             raise ValueError("Pipeline.step needs loss_fn; use forward() for inference")
-        if no_sync is not None and self.tied.crosses_ranks:
+        if no_sync is not None and self.tied.crosses_ranks and self.reduced_grads is None:
             raise ValueError(
                 "pipeline: parameters tied across stages (e.g. an embedding and its LM head) are "
-                "summed over the stages on .grad after the step, which no_sync wrappers (ZeRO) "
-                "have already consumed; untie them or keep them on one stage"
+                "summed over the stages after the step, and a no_sync wrapper (ZeRO) has moved "
+                "their gradients off .grad: set Pipeline.reduced_grads to where it keeps them "
+                "(ZeroOptimizer.reduced_grads, stage 1), or untie them"
             )
         mbs, tgs, weights = self._split(inputs, targets)
         loss, _, self._last_stats = self.executor.run(
             mbs, tgs, weights, train=True, no_sync=no_sync
         )
-        self.tied.reduce_grads()
+        self.tied.reduce_grads(self.reduced_grads if no_sync is not None else None)
         if no_sync is None and self.dp_group is not None and self.dp_group.size > 1:
             reduce_dp(self.module, self.dp_group)
         return self._share_loss(loss)

@@ -154,6 +154,33 @@ class ZeroOptimizer:
         """loss.backward(), scaled by the loss scale for fp16."""
         (loss * self.scaler.scale if self.scaler else loss).backward(**kwargs)
 
+    def reduced_grads(self, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Views of these parameters' reduced gradients (averaged over the data-parallel
+        group), in the chunks' gradient buffers, valid after a synchronised backward and
+        until step(). Stage 1 only, where every rank keeps a parameter's whole reduced
+        gradient; editing a view changes what step() applies (a pipeline sums a weight
+        tied across stages here)."""
+        where = {id(p): (c, i) for c in self.trainable for i, p in enumerate(c.params)}
+        out = []
+        for p in params:
+            if id(p) not in where:
+                raise ValueError("megalith_zero.reduced_grads: a parameter this optimizer lacks")
+            c, i = where[id(p)]
+            if c.stage != 1 or c.full_grad is None:
+                raise ValueError(
+                    f"megalith_zero.reduced_grads: stage {c.stage} keeps only a shard of each "
+                    "reduced gradient; use stage 1"
+                )
+            if self.step_in_backward:
+                raise ValueError(
+                    "megalith_zero.reduced_grads: step_in_backward=True has already applied "
+                    "the gradients in backward; turn it off"
+                )
+            slot = c.spec.slots[i]
+            out.append(c.full_grad[slot.offset : slot.offset + slot.numel].view(p.shape))
+        self.reducer.wait()
+        return out
+
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backward passes inside accumulate gradients locally; the first one

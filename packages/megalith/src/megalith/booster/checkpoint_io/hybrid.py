@@ -37,15 +37,19 @@ def tp_group(module: torch.nn.Module) -> Any:
 
 
 def full_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A tensor-parallel module's full tensors, tied ones once (under their first name)."""
-    from megalith.tensor_parallel.state import full_state_dict
+    """A tensor-parallel module's full tensors, tied ones once (under their first name).
+    Meta tensors (another pipeline stage's, not held here) are left out: every rank of a
+    tp group holds the same stages, so the gathers still match."""
+    from megalith.tensor_parallel.state import gather_full
 
-    full = full_state_dict(module)
+    group = module.tp_info.group
     first: dict[int, str] = {}
+    held: dict[str, torch.Tensor] = {}
     for name, t in module.state_dict(keep_vars=True).items():
-        first.setdefault(id(t), name)
-    keep = set(first.values())
-    return {k: v for k, v in full.items() if k in keep}
+        if id(t) not in first and not t.is_meta:
+            first[id(t)] = name
+            held[name] = t
+    return {name: gather_full(t, group) for name, t in held.items()}
 
 
 class TensorParallelStates(WholeStates):

@@ -30,7 +30,10 @@ Composition (one place, fixed order):
      first layers (it wraps whole layers, so it sees the sharded ones);
   4. pp_size > 1: cut the sharded model into stages over the pp axis of
      Mesh(pp, dp, sp, tp) (megalith_pipeline), the optimizer keeps this rank's
-     stages, and steps run through booster.execute_pipeline;
+     stages, the other stages' tensors are freed (meta: megalith_pipeline's
+     free_other_stages), and steps run through booster.execute_pipeline; a weight
+     tied across stages (tie_word_embeddings) has its stages' gradients summed over
+     the first and last stage (under ZeRO stage 1 in its reduced gradients);
   5. data parallel over the dp axis: zero_stage 0 averages gradients after
      backward; zero_stage 1 and 2 hand the sharded model to megalith_zero over the
      dp axis of the same mesh (optimizer states sharded; gradients all-reduced at
@@ -569,6 +572,7 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
         if optimizer is not None:
             for group in optimizer.param_groups:
                 group["params"] = [p for p in group["params"] if id(p) in local]
+        pipeline.free_other_stages(model, pipe.module)  # this rank holds its stages only
         wrapped = PipelineModel(pipe, settings, self.precision, self.mesh, model)
         wrapped.uses_parts = parts is not None
         wrapped.logits_group = logits_group
@@ -592,6 +596,9 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
             model_parallel=self._model_parallel(zero, pipe),
         )  # fmt: skip
         wrapped.zero_no_sync = zopt.no_sync
+        if pipe.tied.crosses_ranks:  # summed over the stages in ZeRO's reduced gradients
+            _check_tied_under_zero(self.zero_stage, zopt.step_in_backward)
+            pipe.reduced_grads = zopt.reduced_grads
         zwrapped = ZeroOptimizerWrapper(zopt, wrapped, self.max_norm, False)
         zwrapped.pipeline_model = wrapped  # checkpoint_io: names the stages' states
         return wrapped, zwrapped, criterion, dataloader, lr_scheduler
@@ -642,6 +649,23 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
         if self.zero_stage and self.pp_size == 1:
             return ZeroCheckpointIO(tp_layout if self.tp_size > 1 else None)
         return HybridParallelCheckpointIO()
+
+
+def _check_tied_under_zero(zero_stage: int, step_in_backward: bool) -> None:
+    """A weight tied across pipeline stages (an embedding and its LM head) has its
+    stages' gradients summed in ZeRO's reduced gradients before the step: stage 1 keeps
+    them whole on every rank, and must not have stepped in backward already."""
+    if zero_stage != 1:
+        raise ValueError(
+            f"HybridParallelPlugin: zero_stage={zero_stage} with a weight tied across pipeline "
+            "stages (tie_word_embeddings): use zero_stage=1, or untie the weights"
+        )
+    if step_in_backward:
+        raise ValueError(
+            "HybridParallelPlugin: a weight tied across pipeline stages cannot be updated "
+            "during backward (cpu_offload's step_in_backward): its stages' gradients are "
+            "summed after backward; pass step_in_backward=False to the Strategy, or untie it"
+        )
 
 
 def _broadcast(tensors: Any, group: Any) -> None:
