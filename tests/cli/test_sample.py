@@ -15,6 +15,16 @@ from tests.cli import finetune_checkpoints as fc
 transformers = pytest.importorskip("transformers")
 
 
+SMALL = {
+    "vocab_size": 256,
+    "d_model": 32,
+    "n_layers": 2,
+    "n_heads": 2,
+    "d_ff": 64,
+    "max_seq_len": 64,
+}
+
+
 def _sample(capsys, *argv: str) -> str:
     from megalith.cli.main import main
 
@@ -68,14 +78,14 @@ def test_a_run_checkpoint_in_bytes(tmp_path, capsys):
     run = tmp_path / "runs" / "scratch"
     for step, seed in ((1, 3), (2, 4)):
         ckpt = run / "checkpoints" / f"step_{step:06d}"
-        model = models.create("gpt-tiny", device="cpu", vocab_size=256, seed=seed)
+        model = models.create("gpt-tiny", device="cpu", seed=seed, **SMALL)
         save_pretrained(model, ckpt / "model")
         (ckpt / "trainer.json").write_text(json.dumps({"step": step, "args": {"lora": None}}))
     (run / "checkpoints" / "latest").write_text("step_000002")
     prompt = "To be"
     ids = list(prompt.encode())
     for source, seed in ((run, 4), (run / "checkpoints" / "step_000001", 3)):
-        model = models.create("gpt-tiny", device="cpu", vocab_size=256, seed=seed).eval()
+        model = models.create("gpt-tiny", device="cpu", seed=seed, **SMALL).eval()
         new = _greedy(model, ids, 8)[len(ids) :]
         want = prompt + bytes(new).decode("utf-8", errors="replace")
         assert _sample(capsys, str(source), "--prompt", prompt, "--max-new-tokens", "8") == want

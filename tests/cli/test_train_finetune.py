@@ -130,7 +130,9 @@ def test_lora_and_full_finetune_against_transformers(tmp_path, monkeypatch):
     with torch.no_grad():
         tuned_val = float(tuned(input_ids=val, labels=val).loss)
     assert full_rows[-1]["val_loss"] == pytest.approx(tuned_val, rel=2e-5)
-    moved = max(float((a - b).abs().max()) for a, b in zip(tuned.parameters(), fresh.parameters()))
+    moved = max(
+        float((a - b).detach().abs().max()) for a, b in zip(tuned.parameters(), fresh.parameters())
+    )
     assert moved > 1e-4, "the full fine-tune left every weight where it was"
 
 
@@ -212,3 +214,25 @@ def test_tokenizer_and_data_formats(tmp_path):
     raw = bytes(torch.cat([both.train, both.val]).tolist())
     assert raw == (texts[0] + "\n" + texts[1]).encode()
     assert tokenize.ByteTokenizer().decode(tokenize.ByteTokenizer().encode("é!")) == "é!"
+
+
+def test_a_datasets_folder(tmp_path):
+    """What Dataset.save_to_disk wrote: its text column (--text-field), as one text."""
+    datasets = pytest.importorskip("datasets")
+    from megalith.train import corpus
+
+    texts = [fc.text(3000)[i * 300 : (i + 1) * 300] for i in range(10)]
+    datasets.Dataset.from_dict({"body": texts, "n": list(range(10))}).save_to_disk(
+        str(tmp_path / "ds")
+    )
+    got = corpus.load(str(tmp_path / "ds"), 100, text_field="body")
+    assert bytes(torch.cat([got.train, got.val]).tolist()) == "\n".join(texts).encode()
+
+
+def test_a_checkpoint_model_folder_names_its_run(tmp_path):
+    from megalith.train import finetune
+
+    folder = tmp_path / "runs" / "mine" / "checkpoints" / "step_000040" / "model"
+    folder.mkdir(parents=True)
+    assert finetune.label(str(folder)) == "mine"
+    assert finetune.label(str(tmp_path / "ckpt-llama")) == "ckpt-llama"
