@@ -13,7 +13,10 @@ from megalith import _engine
 # Spawned test ranks fork from a server that imported these once (megalith.testing).
 # torch._dynamo: torch.optim's first optimizer imports it (about 1 s of CPU per rank, several
 # seconds of wall time with 4 ranks on 2 cores); booster/test_plugins.py 149 s -> 55 s.
-os.environ.setdefault("MEGALITH_TEST_PRELOAD", "torch,torch._dynamo,megalith_comm,transformers")
+# transformers.modeling_utils: the first transformers model imports it (0.9 s per rank).
+os.environ.setdefault(
+    "MEGALITH_TEST_PRELOAD", "torch,torch._dynamo,megalith_comm,transformers.modeling_utils"
+)
 
 RUNNABLE_LEVELS = [lvl for lvl in _engine.simd_levels_compiled() if _engine.cpu_supports(lvl)]
 
