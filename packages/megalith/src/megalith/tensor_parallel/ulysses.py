@@ -1,4 +1,5 @@
-"""All-to-all (Ulysses-style) sequence parallelism for megalith.models decoders.
+"""All-to-all (Ulysses-style) sequence parallelism for megalith.models decoders and
+transformers' Llama (LlamaForCausalLM, LlamaModel: ulysses_hf.py).
 
 Every rank of the sequence group holds the whole model and a shard of the
 sequence. Outside attention nothing needs the other tokens; inside it, an
@@ -141,12 +142,18 @@ def validate_ulysses(model: nn.Module, sp: int, tp: int = 1) -> None:
     (beside tp-way tensor parallelism)."""
     from megalith.models import GPTLMHeadModel, LlamaForCausalLM
 
-    if not isinstance(model, (GPTLMHeadModel, LlamaForCausalLM)):
+    from .ulysses_hf import is_hf_llama
+
+    hf = is_hf_llama(model)
+    if not hf and not isinstance(model, (GPTLMHeadModel, LlamaForCausalLM)):
+        cls = type(model)
         raise ValueError(
-            f"all-to-all sequence parallelism supports megalith.models GPTLMHeadModel and "
-            f"LlamaForCausalLM for now, not {type(model).__name__}"
+            "all-to-all sequence parallelism supports megalith.models.GPTLMHeadModel, "
+            "megalith.models.LlamaForCausalLM and transformers' LlamaForCausalLM and "
+            f"LlamaModel for now, not {cls.__module__}.{cls.__name__}; use "
+            "sequence_parallelism_mode='split_gather' (with tp_size > 1) for other models"
         )
-    heads = model.config.n_heads
+    heads = model.config.num_attention_heads if hf else model.config.n_heads
     if heads % (sp * tp):
         raise ValueError(
             f"all-to-all sequence parallelism: sp_size {sp} x tp_size {tp} = {sp * tp} does not "
@@ -156,11 +163,23 @@ def validate_ulysses(model: nn.Module, sp: int, tp: int = 1) -> None:
 
 
 def apply_ulysses(model: nn.Module, group: ProcessGroup) -> nn.Module:
-    """All-to-all sequence parallelism over group for a megalith.models GPT or Llama, in place."""
+    """All-to-all sequence parallelism over group for a megalith.models GPT or Llama, or a
+    transformers Llama, in place."""
     from megalith.models import GPTLMHeadModel
+
+    from .ulysses_hf import UlyssesHFLlamaAttention, hf_layers, is_hf_llama
 
     tp_info = getattr(model, "tp_info", None)
     validate_ulysses(model, group.size, tp_info.group.size if tp_info is not None else 1)
+    if is_hf_llama(model):
+        layers = hf_layers(model)
+        for layer in layers:
+            layer.self_attn = _with_hooks_of(
+                layer.self_attn, UlyssesHFLlamaAttention(layer.self_attn, group)
+            )
+        sequence_parallel_span(layers[0], layers[-1], group)
+        reduce_partial_grads([p for layer in layers for p in layer.parameters()], group)
+        return model
     gpt = isinstance(model, GPTLMHeadModel)
     for block in model.blocks:
         if gpt:
