@@ -99,8 +99,14 @@ def rank_argv(argv: list[str], monkeypatch) -> list[str]:
     return started[0]
 
 
-def train_ranks(rank: int, argv: list[str]) -> int:
-    """What each rank runs: `python -m megalith.train ARGV`."""
+def train_ranks(rank: int, argv: list[str]) -> str:
+    """What each rank runs, `python -m megalith.train ARGV`; returns what it printed."""
+    import contextlib
+    import io
+
     from megalith.train.__main__ import main
 
-    return main(argv)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(argv) == 0
+    return out.getvalue()

@@ -31,9 +31,10 @@ def _common(ckpt, data, out) -> list[str]:
     ]  # fmt: skip
 
 
-def _batches(ckpt, data) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The global batch of each step (both ranks' windows) and the validation batch,
-    as the loop draws them: --seq-len equal to the context gives windows of CONTEXT tokens."""
+def _batches(ckpt, data) -> tuple[list[torch.Tensor], torch.Tensor, list[int]]:
+    """The global batch of each step (both ranks' windows), the validation batch, as the
+    loop draws them (--seq-len equal to the context: windows of CONTEXT tokens), and the
+    prompt of the samples printed at each evaluation."""
     from megalith.train import corpus, tokenize
 
     text = corpus.load(str(data), 20 * (fc.CONTEXT + 1), tokenize.load(str(ckpt)))
@@ -48,7 +49,7 @@ def _batches(ckpt, data) -> tuple[list[torch.Tensor], torch.Tensor]:
         )
 
     steps = [draw("train", text.train, s) for s in range(1, STEPS + 1)]
-    return steps, draw("val", text.val, 0)
+    return steps, draw("val", text.val, 0), text.val[:16].tolist()
 
 
 def _rows(run) -> list[dict]:
@@ -98,9 +99,9 @@ def test_lora_and_full_finetune_against_transformers(tmp_path, monkeypatch):
     common = _common(ckpt, data, tmp_path / "runs")
     lora = fc.rank_argv([*common, "--plugin", "ddp", "--lora", "4", "--name", "lora"], monkeypatch)
     full = fc.rank_argv([*common, "--plugin", "gemini", "--name", "full"], monkeypatch)
-    run_grid(fc.train_ranks, [lora, full], 2, timeout=240)
+    printed = run_grid(fc.train_ranks, [lora, full], 2, timeout=240)
 
-    batches, val = _batches(ckpt, data)
+    batches, val, prompt = _batches(ckpt, data)
     want_losses, want_adapter = _reference_lora(ckpt, batches)
     rows = _rows(tmp_path / "runs" / "lora")
     got = [r["loss"] for r in rows]
@@ -117,6 +118,14 @@ def test_lora_and_full_finetune_against_transformers(tmp_path, monkeypatch):
     with torch.no_grad():
         val_loss = float(loaded(input_ids=val, labels=val).loss)
     assert rows[-1]["val_loss"] == pytest.approx(val_loss, rel=2e-5)
+    # the sample printed at the evaluation (rank 0, one line): the tuned model's greedy text
+    from megalith.train.generate import generate, one_line
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(ckpt))
+    new = generate(loaded, prompt, 4, context=fc.CONTEXT)
+    lines = [x for x in printed[0][0].splitlines() if "sample @" in x]
+    assert len(lines) == 1 and lines[0].endswith(f">> {one_line(tok.decode(new), 80)}"), lines
+    assert "sample @" not in printed[0][1]
 
     # the full fine-tune: the first loss is the pretrained model's own; its last
     # checkpoint is a transformers model, the one the run validated
