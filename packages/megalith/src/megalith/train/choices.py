@@ -44,6 +44,18 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError(f"--warmup {args.warmup}; expected >= 0 steps")
     if not args.lr > 0:
         raise ValueError(f"--lr {args.lr}; expected a positive learning rate")
+    lean = getattr(args, "optim_state_dtype", "fp32")
+    if lean != "fp32" and args.optimizer != "adamw":
+        raise ValueError(
+            f"--optim-state-dtype {lean} with --optimizer {args.optimizer}; lean states are "
+            "adamw's: use --optimizer adamw, or --optim-state-dtype fp32"
+        )
+    if lean != "fp32" and getattr(args, "plugin", "ddp") not in ("ddp", None):
+        raise ValueError(
+            f"--optim-state-dtype {lean} with --plugin {args.plugin}; ZeRO's chunks keep fp32 "
+            "states so far: use --plugin ddp (HybridAdam keeps the lean states), or "
+            "--optim-state-dtype fp32"
+        )
     if args.betas is not None and args.optimizer == "sgd":
         raise ValueError("--betas is for --optimizer adamw or lion; sgd takes --momentum")
     betas(args)
@@ -80,7 +92,8 @@ def make_optimizer(args: argparse.Namespace, groups: list[dict[str, Any]]) -> An
         return HybridLion(groups, lr=args.lr, betas=betas(args))
     if args.optimizer == "sgd":
         return HybridSGD(groups, lr=args.lr, momentum=args.momentum)
-    return HybridAdam(groups, lr=args.lr, betas=betas(args))
+    lean = getattr(args, "optim_state_dtype", "fp32")
+    return HybridAdam(groups, lr=args.lr, betas=betas(args), state_dtype=lean)
 
 
 def lr_factor(args: argparse.Namespace) -> Callable[[int], float]:

@@ -44,6 +44,13 @@ def add_options(p: argparse.ArgumentParser) -> None:
         "--optimizer", choices=("adamw", "lion", "sgd"), default="adamw", help="default: adamw"
     )
     p.add_argument(
+        "--optim-state-dtype",
+        choices=("fp32", "bf16", "int8"),
+        default="fp32",
+        help="adamw's exp_avg and exp_avg_sq: fp32 (default, exact), bf16 (stochastic "
+        "rounding) or int8 (block-quantised, 256 per scale)",
+    )
+    p.add_argument(
         "--betas", default=None, help="B1,B2 of adamw (default 0.9,0.95) or lion (0.9,0.99)"
     )
     p.add_argument("--momentum", type=float, default=0.9, help="sgd's momentum (default: 0.9)")
