@@ -227,6 +227,14 @@ def test_saved_activations_hf_gpt2_with_dropout():
     assert total(a, "activation_bytes") == real_saved_bytes(model, input_ids=ids, labels=ids)
 
 
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_tied_head_is_seen_from_the_trace(tie):
+    """tie_word_embeddings: the head's weight is the embedding's, counted in "pre" only."""
+    t = transformers
+    config = t.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=128, tie_word_embeddings=tie)
+    assert analyze(t.GPT2LMHeadModel(config), SEQ, precision="fp32").tied_head is tie
+
+
 def test_llama_70b_on_meta_in_seconds():
     start = time.perf_counter()
     a = analyze(models.create("llama-70b"), 4096)

@@ -29,6 +29,8 @@ def _check_legal(ranked, analysis, cluster, tokens, budget):
         assert (c.pp > 1) == (c.schedule != "none")
         if c.tp * c.pp * c.sp > 1:
             assert c.zero_stage <= 2  # the hybrid plugin's stages
+        if c.pp > 1 and c.schedule != "zbv" and analysis.tied_head:
+            assert c.zero_stage <= 1  # the tie's two stages are summed in ZeRO-1's gradients
     steps = [c.predicted_step_s for c in ranked]
     assert steps == sorted(steps)
 
@@ -79,6 +81,21 @@ def test_an_impossible_constraint_is_named():
         search(a, h200_cluster(), global_batch_tokens=a.seq_len * 32, tensor=2)
     with pytest.raises(ValueError, match="multiple of"):
         search(a, h200_cluster(), global_batch_tokens=a.seq_len * 32 + 1)
+
+
+def test_a_head_tied_across_stages_plans_at_zero_1():
+    """GPT's head is its embedding (handmade's analysis, as the trace counts it): the
+    plugin trains it across stages at ZeRO-1 (and under zbv, which keeps both on rank 0),
+    so the planner offers those, and names why ZeRO-2 is out."""
+    a = gpt_analysis(hidden=1024, layers=8, heads=16)
+    assert a.tied_head
+    tokens = a.seq_len * 32
+    ranked = search(a, h200_cluster(), global_batch_tokens=tokens, pp=2, zero_stage=1)
+    assert {x.schedule for x in ranked} >= {"1f1b"}
+    zbv = search(a, h200_cluster(), global_batch_tokens=tokens, pp=2, zero_stage=2)
+    assert {x.schedule for x in zbv} == {"zbv"}
+    with pytest.raises(NoFeasiblePlan, match="tied embedding"):
+        search(a, h200_cluster(), global_batch_tokens=tokens, pp=2, zero_stage=2, schedule="1f1b")
 
 
 def test_a_model_that_fits_nowhere_says_what_it_needs():

@@ -31,6 +31,8 @@ class StageParamsCase:
     layers: int = 2
     steps: int = 2
     checkpoint: bool = False
+    cpu_offload: bool = False
+    refused: str = ""  # boost() must refuse, naming this
 
     def run(self, rank: int) -> tuple[list[str], float]:
         start = time.perf_counter()
@@ -39,13 +41,21 @@ class StageParamsCase:
         plugin = HybridParallelPlugin(
             tp_size=self.tp, pp_size=2, pp_style=self.style, num_model_chunks=self.chunks,
             num_microbatches=self.microbatches,
-            zero_stage=self.zero_stage, parallel_output=False,
+            zero_stage=self.zero_stage, parallel_output=False, cpu_offload=self.cpu_offload,
         )  # fmt: skip
         booster = Booster(plugin=plugin)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
         given = model
-        model, opt, *_ = booster.boost(model, opt)
         errors: list[str] = []
+        if self.refused:
+            try:
+                booster.boost(model, opt)
+                errors.append("boost() took it")
+            except ValueError as exc:
+                if self.refused not in str(exc):
+                    errors.append(f"refused with: {exc}")
+            return errors, time.perf_counter() - start
+        model, opt, *_ = booster.boost(model, opt)
         check_stage_params(given, model, opt, plugin, errors)
         opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.1)
         dp_rank, dp = plugin.dp_rank_size

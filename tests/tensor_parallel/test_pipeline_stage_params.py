@@ -10,7 +10,12 @@ import pytest
 from tests.tensor_parallel.models import run_cases
 from tests.tensor_parallel.pipeline_stage_params import StageParamsCase as Case
 
-WORLD2 = [Case(), Case(zero_stage=1)]
+WORLD2 = [
+    Case(),
+    Case(zero_stage=1),
+    Case(zero_stage=1, cpu_offload=True),  # the host step waits for the tie's sum
+    Case(zero_stage=2, refused="use zero_stage=1"),
+]
 WORLD4 = [
     Case(tp=2, checkpoint=True),  # pp 2 x tp 2: tp shards of the stages only
     Case(zero_stage=1, checkpoint=True),  # pp 2 x dp 2, the tie summed before ZeRO's step

@@ -221,6 +221,10 @@ def _fitting(ctx: _Context, base: Knobs, per_rank: int) -> Iterator[tuple[Knobs,
                 "or zbv, pp = 1 takes none"
             )
         for schedule in schedules:
+            reason = space.why_illegal_tied(ctx.analysis, base.pp, stage, schedule)
+            if reason:
+                record.illegal(reason)
+                continue
             if base.pp * CHUNKS[schedule] > layers:
                 record.illegal(
                     f"pp={base.pp} x {CHUNKS[schedule]} chunks of {schedule}: "

@@ -5,7 +5,8 @@ Legality is what megalith can run (megalith.strategy.Strategy's own checks): wor
 dp x tp x pp x sp; tp divides the heads and kv heads and stays inside a node; layers >=
 pp x chunks; tp, pp or sp > 1 run in the hybrid plugin at ZeRO stage 0-2, which offloads
 only everything to host memory; all_to_all sp (Ulysses) divides heads with tp and runs
-without a pipeline; offloading needs a ZeRO stage >= 1.
+without a pipeline; offloading needs a ZeRO stage >= 1; an embedding tied to the head
+across pipeline stages trains at ZeRO stage 0 or 1 (why_illegal_tied).
 """
 
 from __future__ import annotations
@@ -80,6 +81,18 @@ def why_illegal_layout(
                 f"sp={sp}: tp x sp = {tp * sp} must divide the {analysis.heads} heads and sp "
                 f"the sequence of {analysis.seq_len}"
             )
+    return None
+
+
+def why_illegal_tied(analysis: ModelAnalysis, pp: int, stage: int, schedule: str) -> str | None:
+    """A head tied to the embedding sits on the first and the last stage (on two ranks
+    but under zbv, whose V puts both on rank 0); their gradients are summed in ZeRO's
+    reduced gradients, which stage 1 keeps whole and stage 2 shards."""
+    if pp > 1 and stage >= 2 and schedule != "zbv" and analysis.tied_head:
+        return (
+            f"zero_stage={stage} with pp={pp} {schedule}: the tied embedding and head sit on "
+            "two stages, whose gradients ZeRO-2 shards before they are summed"
+        )
     return None
 
 

@@ -80,6 +80,13 @@ class ModelAnalysis:
     def fwd_flops(self) -> int:
         return self.pre.fwd_flops + sum(b.fwd_flops for b in self.blocks) + self.post.fwd_flops
 
+    @property
+    def tied_head(self) -> bool:
+        """The head multiplies by a weight the trace counted elsewhere: the embedding's
+        (tie_word_embeddings). A matmul of 2 x tokens x weight flops reads more weights
+        than the head holds."""
+        return self.post.matmul_flops > 2 * self.seq_len * self.post.params
+
 
 # -------------------------------------------------------------------------- the machine
 

@@ -591,13 +591,15 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
         # fp32 parameters and masters, fp16 scaling the loss). Stage 2 reduce-scatters once
         # per step: every micro-batch but the last runs under ZeRO's no_sync, which
         # accumulates the full gradients locally.
+        config = self.strategy.zero_config()
+        if pipe.tied.crosses_ranks:
+            config = _tied_zero_config(config, self.strategy.step_in_backward)
         _, zopt = zero.shard(
-            pipe.module, optimizer, self.strategy.zero_config(), mesh=self.mesh, axis="dp",
+            pipe.module, optimizer, config, mesh=self.mesh, axis="dp",
             model_parallel=self._model_parallel(zero, pipe),
         )  # fmt: skip
         wrapped.zero_no_sync = zopt.no_sync
         if pipe.tied.crosses_ranks:  # summed over the stages in ZeRO's reduced gradients
-            _check_tied_under_zero(self.zero_stage, zopt.step_in_backward)
             pipe.reduced_grads = zopt.reduced_grads
         zwrapped = ZeroOptimizerWrapper(zopt, wrapped, self.max_norm, False)
         zwrapped.pipeline_model = wrapped  # checkpoint_io: names the stages' states
@@ -651,21 +653,25 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
         return HybridParallelCheckpointIO()
 
 
-def _check_tied_under_zero(zero_stage: int, step_in_backward: bool) -> None:
-    """A weight tied across pipeline stages (an embedding and its LM head) has its
-    stages' gradients summed in ZeRO's reduced gradients before the step: stage 1 keeps
-    them whole on every rank, and must not have stepped in backward already."""
-    if zero_stage != 1:
+def _tied_zero_config(config: Any, step_in_backward: bool | None) -> Any:
+    """ZeRO's config when a weight is tied across pipeline stages (an embedding and its LM
+    head): its stages' gradients are summed in ZeRO's reduced gradients after backward,
+    which stage 1 keeps whole on every rank, so nothing may step during backward (the
+    default with cpu_offload, turned off here: it only overlaps the host step)."""
+    import dataclasses
+
+    if config.stage != 1:
         raise ValueError(
-            f"HybridParallelPlugin: zero_stage={zero_stage} with a weight tied across pipeline "
-            "stages (tie_word_embeddings): use zero_stage=1, or untie the weights"
+            f"HybridParallelPlugin: zero_stage={config.stage} with a weight tied across "
+            "pipeline stages (tie_word_embeddings): use zero_stage=1, pp_style='zbv' (which "
+            "puts the first and last stage on one rank), or untie the weights"
         )
     if step_in_backward:
         raise ValueError(
-            "HybridParallelPlugin: a weight tied across pipeline stages cannot be updated "
-            "during backward (cpu_offload's step_in_backward): its stages' gradients are "
-            "summed after backward; pass step_in_backward=False to the Strategy, or untie it"
+            "HybridParallelPlugin: step_in_backward=True with a weight tied across pipeline "
+            "stages: its stages' gradients are summed after backward; leave it unset"
         )
+    return dataclasses.replace(config, step_in_backward=False)
 
 
 def _broadcast(tensors: Any, group: Any) -> None:
