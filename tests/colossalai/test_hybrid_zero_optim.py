@@ -80,7 +80,49 @@ def hybrid_zero_optim(rank: int, seed: int, path: str) -> list[str]:
     return errors
 
 
+def pipeline_async_round_trip(rank: int, seed: int, path: str) -> list[str]:
+    """ColossalAI's hybrid checkpoint test's setting (pp 2, zero_stage 1) with use_async:
+    the stages' states, collected on rank 0, were paired with another tensor's plan entry
+    (the plan sorted by parameter, the tensors not) and the save failed."""
+    from megalith.booster import Booster
+    from megalith.booster.plugin import HybridParallelPlugin
+
+    def boosted(s: int):
+        torch.manual_seed(s)
+        model = torch.nn.Sequential(*[torch.nn.Linear(6, 6) for _ in range(4)])
+        opt = torch.optim.Adam(model.parameters(), lr=LR)
+        plugin = HybridParallelPlugin(tp_size=1, pp_size=2, num_microbatches=2, zero_stage=1)
+        booster = Booster(plugin=plugin)
+        return booster, *booster.boost(model, opt)[:2]
+
+    errors: list[str] = []
+    booster, model, opt = boosted(seed)
+    g = torch.Generator().manual_seed(seed)
+    batch = {"x": torch.randn(4, 6, generator=g)}
+    model.train()
+    booster.execute_pipeline(iter([batch["x"]]), model, lambda out, x: out.square().mean(), opt)
+    opt.step()
+    booster.save_optimizer(opt, f"{path}/pp", shard=True, size_per_shard=1, use_async=True)
+    booster.checkpoint_io._sync_io()
+    booster2, _, opt2 = boosted(seed + 1)
+    booster2.load_optimizer(opt2, f"{path}/pp")
+    saved, loaded = opt.unwrap().state_dict(), opt2.unwrap().state_dict()
+    if not saved["state"]:
+        errors.append(f"rank {rank}: no optimizer state after a step")
+    for i, entry in saved["state"].items():
+        for name, t in entry.items():
+            if not torch.equal(loaded["state"][i][name], t):
+                errors.append(f"rank {rank} param {i} {name}: differs after the async round trip")
+    return errors
+
+
 @pytest.mark.timeout(90)
 def test_hybrid_zero_unwrap_is_the_users_torch_optimizer(tmp_path):
     for errors in run_distributed(hybrid_zero_optim, WORLD, 7, str(tmp_path), timeout=80):
+        assert errors == []
+
+
+@pytest.mark.timeout(90)
+def test_pipeline_zero_async_optimizer_save_round_trips(tmp_path):
+    for errors in run_distributed(pipeline_async_round_trip, WORLD, 3, str(tmp_path), timeout=80):
         assert errors == []

@@ -163,7 +163,9 @@ class HybridParallelCheckpointIO(GeneralCheckpointIO):
         plan, params, tensors = pipeline_stages.full_optimizer_states(
             model, files.plan, files.params, files.tensors, SEP
         )
-        return dataclasses.replace(files, plan=plan, params=params, tensors=iter(tensors.items()))
+        # in the plan's order: an async save pairs each tensor with its plan entry
+        ordered = ((key, tensors[key]) for key, _ in plan)
+        return dataclasses.replace(files, plan=plan, params=params, tensors=ordered)
 
     def read_optimizer(self, optimizer: Any, directory: Path) -> None:
         """A pipelined model's ranks read their stages' parameters only."""
