@@ -2,7 +2,8 @@
 
 One process group per world size runs all cases (run_grid). The toy model (tests/zero/toy.py)
 has odd sizes, a tied head, a Linear called twice and one never called; chunks are small,
-so shards cut through parameters. fp32 must match torch within 1e-5 relative over 20 steps,
+so shards cut through parameters. fp32 must match torch within 1e-5 relative at each of 8 steps
+(each step after the first runs on AdamW's moments and bias correction; more steps add time, not checks),
 and stages 1, 2 and 3 must agree with each other to the last few bits.
 """
 
@@ -15,16 +16,17 @@ from megalith.testing import run_grid
 from tests.zero import toy
 from tests.zero.worker import Case, train
 
+STEPS = 8
 FP32_CASES = [
-    Case(stage=1),
-    Case(stage=2),
-    Case(stage=3),
-    Case(stage=1, accumulate=2, max_norm=0.5),
-    Case(stage=2, accumulate=2, max_norm=0.5),
-    Case(stage=3, accumulate=2, max_norm=0.5),
-    Case(stage=2, accumulate=3, no_sync=True, max_norm=0.5),
-    Case(stage=3, accumulate=2, no_sync=True),
-    Case(stage=1, accumulate=2, no_sync=True),
+    Case(stage=1, steps=STEPS),
+    Case(stage=2, steps=STEPS),
+    Case(stage=3, steps=STEPS),
+    Case(stage=1, accumulate=2, max_norm=0.5, steps=STEPS),
+    Case(stage=2, accumulate=2, max_norm=0.5, steps=STEPS),
+    Case(stage=3, accumulate=2, max_norm=0.5, steps=STEPS),
+    Case(stage=2, accumulate=3, no_sync=True, max_norm=0.5, steps=STEPS),
+    Case(stage=3, accumulate=2, no_sync=True, steps=STEPS),
+    Case(stage=1, accumulate=2, no_sync=True, steps=STEPS),
 ]
 
 
