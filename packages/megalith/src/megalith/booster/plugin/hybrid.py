@@ -6,7 +6,7 @@ any divisor of the world size, pp_size >= 1 (pp_style "1f1b", "interleaved",
 reduce-scatters once per step, after the last micro-batch), precision fp32, bf16
 or fp16, enable_sequence_parallelism with sequence_parallelism_mode="split_gather"
 (over the tp group) or "all_to_all" (Ulysses over an sp axis of its own, sp_size
->= 2, beside any tp_size; megalith.models only), custom_policy (and the task heads of transformers' GPT-2, Llama, BERT and T5 models, for tp
+>= 2, beside any tp_size; megalith.models and transformers' Llama), custom_policy (and the task heads of transformers' GPT-2, Llama, BERT and T5 models, for tp
 and for pp: tensor_parallel/policies), parallel_output (True, ColossalAI's default: a causal
 LM's logits stay vocabulary-parallel and its loss is computed on the shards; False: full
 logits on every tp rank), gradient_checkpoint_config (checkpointing.py:
