@@ -2,8 +2,8 @@
 
 One process group per world size runs all cases (run_grid). The toy model (tests/zero/toy.py)
 has odd sizes, a tied head, a Linear called twice and one never called; chunks are small,
-so shards cut through parameters. fp32 must match torch within 1e-5 relative at each of 8 steps
-(each step after the first runs on AdamW's moments and bias correction; more steps add time, not checks),
+so shards cut through parameters. fp32 must match torch within 1e-5 relative at each of 8
+steps (AdamW's moments and bias correction act from step 2 on; more steps add time, not checks),
 and stages 1, 2 and 3 must agree with each other to the last few bits.
 """
 
