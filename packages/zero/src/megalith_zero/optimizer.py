@@ -331,8 +331,10 @@ class ZeroOptimizer:
             raise RuntimeError(
                 "megalith_zero: a second backward before step() with "
                 "ZeroConfig(step_in_backward=True), which updates each backward's chunks "
-                "at once; accumulate gradients inside ZeroOptimizer.no_sync() and call step() "
-                "after each synchronised backward"
+                "at once; accumulate gradients inside ZeroOptimizer.no_sync() (through the "
+                "Booster: booster.no_sync(model, optimizer)) and call step() after each "
+                "synchronised backward, or set step_in_backward=False (GeminiPlugin("
+                "enable_gradient_accumulation=True) does)"
             )
 
     def _on_reduced(self, c: FlatChunk) -> None:
