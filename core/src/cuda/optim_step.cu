@@ -20,12 +20,16 @@
 #include "megalith/cuda/optim.h"
 #include "megalith/error.h"
 #include "multi_tensor.cuh"
+#include "optim_lean.cuh"
+#include "step_scalars.cuh"
 
 namespace megalith::optim::cuda {
 
 namespace {
 
+using detail::effective_scale;
 using detail::find_tensor;
+using detail::Scalars;
 using detail::kMaxTensors;
 using detail::load4;
 using detail::store4;
@@ -54,15 +58,6 @@ struct Tensors {
   std::uint32_t block_end[kMaxTensors];  // inclusive prefix sum of chunk counts
   std::uint8_t vec[kMaxTensors];         // 1: all buffers aligned for 4-wide access
   int count;
-};
-
-/// Per-step scalars; the pointers are device memory (see DeviceScalars).
-struct Scalars {
-  const float* inv_scale;
-  const float* found_inf;
-  const float* grad_sum_sq;  // nullptr unless clipping
-  float max_grad_norm;
-  float grad_scale;  // StepArgs::grad_scale, negated for maximize
 };
 
 // ------------------------------------------------------------- the updates
@@ -141,22 +136,6 @@ static_assert(sizeof(StepParams<SgdOp<true>>) <= detail::kMaxKernelParamBytes, "
 static_assert(sizeof(StepParams<LionOp>) <= detail::kMaxKernelParamBytes, "");
 
 // -------------------------------------------------------------- the kernel
-
-/// The gradient multiplier of this step, or false when the step is skipped.
-/// The three scalar loads are independent, so they are in flight together.
-__device__ __forceinline__ bool effective_scale(const Scalars& s, float& scale) {
-  const float found = s.found_inf != nullptr ? *s.found_inf : 0.0f;
-  const float inv = s.inv_scale != nullptr ? *s.inv_scale : 1.0f;
-  const float sum_sq = s.grad_sum_sq != nullptr ? *s.grad_sum_sq : 0.0f;
-  if (found != 0.0f) return false;  // a nan flag skips too
-  float k = s.grad_scale * inv;
-  if (s.grad_sum_sq != nullptr) {
-    const float clip = s.max_grad_norm / (sqrtf(sum_sq) + 1e-6f);
-    k *= fminf(clip, 1.0f);  // a nan norm leaves the gradient unclipped
-  }
-  scale = k;
-  return true;
-}
 
 template <class Op, typename C>
 __device__ __forceinline__ void update_one(const Op& op, float* p, float g, float* const* st,
@@ -319,8 +298,8 @@ void check_common(const char* optimizer, const ParamSlots* slots, std::size_t co
                    "; expected the 1-based number of this update");
   MEGALITH_EXPECTS(args.state_format == StateFormat::f32 && args.master_format == MasterFormat::f32,
                    invalid_argument, optimizer,
-                   ": lean state or master formats are not supported by the CUDA step yet; pass "
-                   "StateFormat::f32 and MasterFormat::f32");
+                   ": lean state or master formats are for Adam only; pass StateFormat::f32 and "
+                   "MasterFormat::f32");
   MEGALITH_EXPECTS(!(dev.max_grad_norm > 0.0f) || dev.grad_sum_sq != nullptr, invalid_argument,
                    optimizer, ": DeviceScalars::max_grad_norm is ", dev.max_grad_norm,
                    " but grad_sum_sq is null; pass the sum of squares from grad_check() or "
@@ -389,6 +368,15 @@ void launch_step(const char* name, const ParamSlots* slots, std::size_t count, c
 void adam_step(const ParamSlots* slots, std::size_t count, const AdamHyper& h, const StepArgs& args,
                const DeviceScalars& dev, void* stream) {
   static const char* const names[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  if (args.state_format != StateFormat::f32 || args.master_format != MasterFormat::f32) {
+    StepArgs plain = args;  // the checks every step shares; the lean ones follow
+    plain.state_format = StateFormat::f32;
+    plain.master_format = MasterFormat::f32;
+    check_common("Adam", slots, count, plain, dev);
+    for (std::size_t i = 0; i < count; ++i) check_slot("Adam", slots[i], i, 2, names);
+    detail::adam_lean_step(slots, count, h, args, dev, stream);
+    return;
+  }
   check_common("Adam", slots, count, args, dev);
   for (std::size_t i = 0; i < count; ++i) check_slot("Adam", slots[i], i, h.amsgrad ? 3 : 2, names);
 

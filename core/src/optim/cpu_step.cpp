@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpu_kernel_table.h"
+#include "rounding_stream.h"
 #include "megalith/config.h"
 #include "megalith/cpu/simd_level.h"
 #include "megalith/cpu/thread_pool.h"
@@ -237,16 +238,6 @@ void check_lean_slot(const ParamSlots& s, std::size_t i, const StepArgs& args) {
   }
 }
 
-// The stochastic-rounding stream of one step: splitmix64 of seed + step * golden
-// ratio, folded to 32 bits (see [Note: stochastic rounding]).
-std::uint32_t rounding_key(std::uint64_t seed, std::int64_t step) {
-  std::uint64_t z = seed + static_cast<std::uint64_t>(step) * 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<std::uint32_t>(z ^ (z >> 32));
-}
-
 }  // namespace
 
 StepResult adam_step(const ParamSlots* slots, std::size_t count, const AdamHyper& h,
@@ -279,7 +270,7 @@ StepResult adam_step(const ParamSlots* slots, std::size_t count, const AdamHyper
   if (lean) {
     const LeanKernelTable& lt = lean_kernels();
     const int sf = static_cast<int>(args.state_format), mf = static_cast<int>(args.master_format);
-    const std::uint32_t key = rounding_key(args.seed, args.step);
+    const std::uint32_t key = optim::detail::rounding_key(args.seed, args.step);
     const std::int64_t block = args.state_format == StateFormat::q8 ? kQ8Block : 1;
     return run_step(
         slots, count, args,

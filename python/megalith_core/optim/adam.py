@@ -134,8 +134,8 @@ class _EngineAdam(EngineOptimizer):
             for p in group["params"]:
                 state = self.state.get(p)
                 if state and "exp_avg" in state:
-                    # torch.optim casts floating-point states to the param's dtype on
-                    # load: a bf16 state arrives as exact fp32 and goes back here.
+                    # torch.optim casts every state to the param's dtype on load: bf16
+                    # states and int8/uint8 codes arrive as exact fp32 and go back here.
                     lean_states.convert(state, state_dtype)
 
     def _init_state(self, p: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:

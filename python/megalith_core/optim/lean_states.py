@@ -52,7 +52,7 @@ def blocks(numel: int) -> int:
 def format_of(state: dict[str, Any]) -> str:
     """The format a per-parameter state holds, from its exp_avg's dtype."""
     dtype = state["exp_avg"].dtype
-    if dtype == torch.int8:
+    if dtype == torch.int8 or "exp_avg_scale" in state:
         return "int8"
     if dtype == torch.bfloat16:
         return "bf16"
@@ -124,8 +124,17 @@ def to_fp32(state: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     return state["exp_avg"].float(), state["exp_avg_sq"].float()
 
 
+def undo_torch_cast(state: dict[str, Any]) -> None:
+    """torch.optim.Optimizer.load_state_dict casts every state tensor to the
+    parameter's dtype: int8/uint8 codes arrive as (exact) floats. Casts them back."""
+    if "exp_avg_scale" in state and state["exp_avg"].is_floating_point():
+        state["exp_avg"] = state["exp_avg"].to(torch.int8)
+        state["exp_avg_sq"] = state["exp_avg_sq"].to(torch.uint8)
+
+
 def convert(state: dict[str, Any], state_dtype: str) -> None:
     """Converts a per-parameter Adam state in place to `state_dtype`."""
+    undo_torch_cast(state)
     source = format_of(state)
     if source == state_dtype:
         return
