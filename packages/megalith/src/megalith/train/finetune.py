@@ -201,8 +201,11 @@ def _check_lora(args: argparse.Namespace) -> None:
         raise ValueError(
             "--lora needs transformers (peft adapts its models): pip install transformers"
         )
-    try:
-        peft.get_peft_model(_meta_model(args.from_pretrained), lora_config(args))
+    import torch
+
+    try:  # building on meta still draws from the generator: the run's seed stays untouched
+        with torch.random.fork_rng(devices=[]):
+            peft.get_peft_model(_meta_model(args.from_pretrained), lora_config(args))
     except ValueError as e:
         first = str(e).splitlines()[0]
         raise ValueError(

@@ -40,6 +40,7 @@ def _strategy(args: argparse.Namespace, device: torch.device) -> Strategy | None
     try:
         finetune.resolve_model(args)
         choices.check(args)
+        finetune.check(args)  # again: ranks torchrun started skip megalith train's checks
     except ValueError as e:
         raise SystemExit(f"megalith train: {e}") from None
     if auto.is_auto(args):
