@@ -193,7 +193,10 @@ def step_parts(
         across = cluster.nodes > 1 and k.world // k.pp >= cluster.per_node
         msg = send_recv_time(cluster, boundary, across)
         fwd = [f + c / 2 for f, _, _, c in passes]
-        makespan = _pipeline(k, tuple(fwd), tuple(bwd), msg, where)
+        # a split backward (ZB-H1, ZB-V): I recomputes and moves the input gradients (tp's
+        # backward all-reduces are on that path); W is the weight gradients' half
+        inp = [b / 2 + r + c / 2 for _, b, r, c in passes]
+        makespan = _pipeline(k, tuple(fwd), tuple(bwd), tuple(inp), msg, where)
         parts["pp_bubble_and_p2p"] = max(0.0, makespan - sum(parts.values()))
     parts.update(_dp_and_optimizer(analysis, cluster, k, vstages, last_bwd, parts))
     return parts
@@ -280,14 +283,21 @@ def _tied_head(analysis: ModelAnalysis, block: BlockCost) -> BlockCost:
 
 
 @lru_cache(maxsize=4096)
-def _simulated(name: str, pp: int, m: int, fwd: tuple, bwd: tuple, comm: float) -> float:
+def _simulated(
+    name: str, pp: int, m: int, fwd: tuple, bwd: tuple, inp: tuple, comm: float
+) -> float:
     from megalith_pipeline.simulator import PassTimes, simulate
 
-    times = [PassTimes(forward=f, backward=b, comm=comm) for f, b in zip(fwd, bwd)]
+    times = [
+        PassTimes(forward=f, backward=b, backward_input=i, backward_weight=b - i, comm=comm)
+        for f, b, i in zip(fwd, bwd, inp)
+    ]
     return simulate(stages.schedule(name, pp, m), times).makespan
 
 
-def _pipeline(k: Knobs, fwd: tuple, bwd: tuple, msg: float, where: tuple[int, ...]) -> float:
+def _pipeline(
+    k: Knobs, fwd: tuple, bwd: tuple, inp: tuple, msg: float, where: tuple[int, ...]
+) -> float:
     """The makespan of the step's pipeline: simulated for up to SIM_MICROBATCH_CAP x pp
     micro-batches, each one more adding the busiest rank's per-micro-batch time."""
     m = k.num_microbatches
@@ -300,6 +310,7 @@ def _pipeline(k: Knobs, fwd: tuple, bwd: tuple, msg: float, where: tuple[int, ..
         m_sim,
         tuple(round(f / unit, r) for f in fwd),
         tuple(round(b / unit, r) for b in bwd),
+        tuple(round(i / unit, r) for i in inp),
         round(msg / unit, r),
     )
     stage_ids = range(len(where))

@@ -15,7 +15,8 @@ place of the activations backward frees: the peak holds the larger of the two.
 
 Activations: a block keeps activation_bytes per sequence (a checkpointed one only its
 boundary_bytes, plus one block's worth while it is recomputed), for the micro-batches a
-schedule keeps in flight (stages.in_flight); tp shards TP_SHARDED_ACTIVATIONS of them,
+schedule keeps in flight (stages.peak_activations: a split backward holds a micro-batch's whole
+activations from I, which recomputes them, to W); tp shards TP_SHARDED_ACTIVATIONS of them,
 sp divides them all. Slack: ALLOCATOR_SLACK of the total and a fixed baseline per device
 kind (BASELINE_BYTES) for what is not tensors.
 """
@@ -37,6 +38,14 @@ MASTER_BYTES = 4
 #: the share of a block's saved activations that tp shards (the projections' inputs and
 #: outputs inside attention and the MLP); norms' inputs and the residual stream stay whole
 TP_SHARDED_ACTIVATIONS = 0.8
+#: a split backward (ZB-H1, ZB-V): the output gradients its W frontier nodes (the
+#: projections) keep from I to W, as a share of a block's saved activations: a GPT
+#: block's projection outputs, 9 h of Megatron's 34 h per token (qkv 3 h, attention
+#: output h, MLP 4 h and h); checked against 2026-12-03_cpu2_grid_zbv.md
+SPLIT_GRAD_SHARE = 9 / 34
+#: of a checkpointed block's recomputed activations, what W still unpacks after I (the
+#: projections' inputs, for their weight gradients: 7 h of 34 h; I frees the rest)
+SPLIT_RECOMPUTED_SHARE = 7 / 34
 #: ZeRO's reduce bucket at stages 1-2 (Strategy's default chunk, ColossalAI's 12 MiB)
 ZERO_BUCKET_BYTES = 12 << 20
 #: the caching allocator's fragmentation and the temporaries of the largest op (a guess:
@@ -132,6 +141,27 @@ def stage_activations(
     return kept, recompute
 
 
+def split_held(
+    blocks: list[BlockCost], layers: list[BlockCost], knobs: Knobs, scale: float
+) -> float:
+    """Bytes one micro-batch of a virtual stage holds from its I pass to its W pass under
+    a split backward ([Note: splitting backward] in megalith_pipeline.backward_split):
+    I runs with retain_graph, so a block's saved activations stay for W, and the output
+    gradients saved at each W frontier node (SPLIT_GRAD_SHARE of them) join them; a
+    checkpointed block's recompute in I leaves only what W still unpacks
+    (SPLIT_RECOMPUTED_SHARE), beside its kept input. layers: as in stage_activations."""
+    ckpt = {id(b) for b in layers[: round(knobs.ckpt * len(layers))]}
+    out = 0.0
+    for b in blocks:
+        whole = block_activation(b, knobs, False, scale)
+        if id(b) in ckpt:
+            kept = block_activation(b, knobs, True, scale)
+            out += kept + whole * (SPLIT_RECOMPUTED_SHARE + SPLIT_GRAD_SHARE)
+        else:
+            out += whole * (1 + SPLIT_GRAD_SHARE)
+    return out
+
+
 def peak_memory(
     analysis: ModelAnalysis, cluster: Cluster, knobs: Knobs, model: Any = None
 ) -> Memory:
@@ -141,17 +171,9 @@ def peak_memory(
     where = stages.placement(knobs)
     scale = DTYPE_BYTES[knobs.precision] / DTYPE_BYTES.get(analysis.param_dtype, 2)
     ends = (analysis.pre, analysis.post)
-    acts = [
-        stage_activations(
-            blocks, [b for b in blocks if all(b is not e for e in ends)], knobs, scale
-        )
-        for blocks in vstages
-    ]
-    flight = (
-        stages.in_flight(knobs.schedule, knobs.pp, knobs.num_microbatches)
-        if knobs.pp > 1
-        else ((1,),)
-    )
+    layers = [[b for b in blocks if all(b is not e for e in ends)] for blocks in vstages]
+    acts = [stage_activations(bs, ls, knobs, scale) for bs, ls in zip(vstages, layers)]
+    held = tuple(split_held(bs, ls, knobs, scale) for bs, ls in zip(vstages, layers))
     baseline = BASELINE_BYTES.get(cluster.profile.device, BASELINE_BYTES["cuda"])
     best: Memory | None = None
     for rank in range(knobs.pp):
@@ -166,7 +188,13 @@ def peak_memory(
             # accumulating micro-batches keeps every chunk's whole gradient until the step
             # reduces them (megalith_zero's no_sync, and ZeRO-2 under a pipeline)
             f = max(f, n * working_bytes(knobs))
-        act = sum(flight[rank][s] * acts[s][0] for s in range(len(vstages)) if where[s] == rank)
+        if knobs.pp > 1:
+            kept = tuple(a for a, _ in acts)
+            act = stages.peak_activations(
+                knobs.schedule, knobs.pp, knobs.num_microbatches, rank, kept, held
+            )
+        else:
+            act = acts[0][0]
         act += max((acts[s][1] for s in mine), default=0)
         apart = 0
         if knobs.zero_stage == 0 and knobs.num_microbatches == 1 and knobs.pp == 1:

@@ -1,5 +1,6 @@
 """Which blocks each pipeline rank holds, and how many micro-batches' activations each
-rank keeps at once under a schedule (from the schedule's pass order itself).
+rank keeps at once under a schedule (from the schedule's pass order itself, I and W of a
+split backward apart).
 
 The embedding ("pre"), the layers and the head ("post"), as one list, are cut into
 pp * chunks contiguous virtual stages as evenly as they go (the first stages take one
@@ -69,25 +70,26 @@ def schedule(name: str, pp: int, m: int):  # -> megalith_pipeline.schedule.Sched
     return make_schedule(PIPELINE_NAMES[name], pp, m)
 
 
-@lru_cache(maxsize=512)
-def in_flight(name: str, pp: int, m: int) -> tuple[tuple[int, ...], ...]:
-    """Per rank, per virtual stage: the micro-batches whose forward has run and whose
-    backward has not finished (weight gradient included) at that rank's worst moment,
-    counting every stage's activation alike."""
-    from megalith_pipeline.schedule import BACKWARD, FORWARD, WEIGHT_GRAD
+def peak_activations(
+    name: str, pp: int, m: int, rank: int, kept: tuple[float, ...], held: tuple[float, ...]
+) -> float:
+    """The most activation bytes `rank` holds at once, walking its pass order: a
+    micro-batch's forward of virtual stage s keeps kept[s] (checkpointed layers keep
+    their inputs only) until its backward; a split backward's I pass (ZB-H1, ZB-V) has
+    recomputed and holds held[s] (the whole stage's activations, which the graph kept for
+    W) until its W pass frees them."""
+    from megalith_pipeline.schedule import BACKWARD, FORWARD, INPUT_GRAD, WEIGHT_GRAD
 
     sched = schedule(name, pp, simulated_microbatches(pp, m))
-    stages = sched.num_stages
-    peaks = []
-    for r in range(pp):
-        live = [0] * stages
-        best, best_live = -1, list(live)
-        for a in sched.orders[r]:
-            if a.kind == FORWARD:
-                live[a.stage] += 1
-            elif a.kind in (BACKWARD, WEIGHT_GRAD):
-                live[a.stage] -= 1
-            if sum(live) > best:
-                best, best_live = sum(live), list(live)
-        peaks.append(tuple(best_live))
-    return tuple(peaks)
+    live = peak = 0.0
+    for a in sched.orders[rank]:
+        if a.kind == FORWARD:
+            live += kept[a.stage]
+        elif a.kind == INPUT_GRAD:
+            live += held[a.stage] - kept[a.stage]
+        elif a.kind == WEIGHT_GRAD:
+            live -= held[a.stage]
+        elif a.kind == BACKWARD:
+            live -= kept[a.stage]
+        peak = max(peak, live)
+    return peak
