@@ -311,6 +311,17 @@ def test_small_model_tracks_fp32_losses(gen):
         assert abs(finals[state_dtype] / finals["fp32"] - 1) < 0.02, finals
 
 
+@pytest.mark.parametrize("name", ["CPUAdam", "HybridAdam", "FusedAdam"])
+def test_colossalai_signatures_take_state_dtype(name, gen):
+    import megalith.nn.optimizer as cai
+
+    data = batches(gen, 3)
+    model = mlp(5)
+    opt = getattr(cai, name)(model.parameters(), lr=1e-2, state_dtype="int8")
+    train(model, opt, data)
+    assert lean_states.format_of(opt.state[next(model.parameters())]) == "int8"
+
+
 # ------------------------------------------------------------------- CUDA
 
 

@@ -13,6 +13,9 @@ them with the same rule), with three differences of ColossalAI's surface:
 - bf16 and fp16 parameters (and FSDP2's DTensor shards) are stepped as ColossalAI's
   HybridAdam steps them: each value updated in fp32 and stored back in its dtype, the
   states kept in the parameter's dtype (fp32_shadows.py).
+
+All three take megalith's ``state_dtype="fp32"|"bf16"|"int8"`` (lean Adam states:
+12, 8 or ~6 bytes per fp32 parameter with its master; see megalith_core.optim.adam).
 """
 
 from __future__ import annotations
@@ -38,9 +41,19 @@ _NVME_WHY = (
     "swap_dir=...))"
 )
 
-# torch.optim.AdamW's keyword arguments megalith's Adam takes as well
+# torch.optim.AdamW's keyword arguments megalith's Adam takes as well, and its own
+# state_dtype/seed (lean Adam states, megalith_core.optim.adam)
 _TORCH_KEYWORDS = frozenset(
-    {"amsgrad", "maximize", "foreach", "fused", "capturable", "differentiable"}
+    {
+        "amsgrad",
+        "maximize",
+        "foreach",
+        "fused",
+        "capturable",
+        "differentiable",
+        "state_dtype",
+        "seed",
+    }
 )
 
 
@@ -99,6 +112,8 @@ class CPUAdam(_HalfParams, _CPUAdam):
         adamw_mode: bool = True,
         nvme_offload_fraction: float = 0.0,
         nvme_offload_dir: str | None = None,
+        *,
+        state_dtype: str = "fp32",
     ) -> None:
         _engine_kwargs(type(self).__name__, nvme_offload_fraction, nvme_offload_dir, {})
         super().__init__(
@@ -109,6 +124,7 @@ class CPUAdam(_HalfParams, _CPUAdam):
             weight_decay=weight_decay,
             adamw_mode=adamw_mode,
             bias_correction=bias_correction,
+            state_dtype=state_dtype,
         )
 
 
@@ -166,6 +182,8 @@ class FusedAdam(_HalfParams, _FusedAdam):
         weight_decay: float = 0.0,
         amsgrad: bool = False,
         set_grad_none: bool = True,
+        *,
+        state_dtype: str = "fp32",
     ) -> None:
         super().__init__(
             params,
@@ -176,6 +194,7 @@ class FusedAdam(_HalfParams, _FusedAdam):
             amsgrad=amsgrad,
             adamw_mode=adamw_mode,
             bias_correction=bias_correction,
+            state_dtype=state_dtype,
         )
         self.set_grad_none = set_grad_none
 
