@@ -65,10 +65,14 @@ _WRITTEN: dict[str, Path] = {}
 def cached_model(family: str = "llama") -> Path:
     """One tiny checkpoint per family for the whole test process (writing it costs
     seconds of imports)."""
+    import atexit
+    import shutil
     import tempfile
 
     if family not in _WRITTEN:
-        _WRITTEN[family] = write_model(Path(tempfile.mkdtemp(prefix=f"tiny-{family}-")) / family)
+        folder = tempfile.mkdtemp(prefix=f"tiny-{family}-")
+        atexit.register(shutil.rmtree, folder, True)
+        _WRITTEN[family] = write_model(Path(folder) / family)
     return _WRITTEN[family]
 
 
