@@ -322,6 +322,24 @@ def test_colossalai_signatures_take_state_dtype(name, gen):
     assert lean_states.format_of(opt.state[next(model.parameters())]) == "int8"
 
 
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+def test_rule_steps_lean_states_like_the_optimizer(state_dtype, gen):
+    from megalith_core.optim.rules import rule_for
+
+    p = torch.randn(3000, generator=gen)
+    g = torch.randn(3000, generator=gen)
+    ours = torch.nn.Parameter(p.clone())
+    ours.grad = g.clone()
+    opt = CPUAdam([ours], lr=1e-2, state_dtype=state_dtype, seed=9)
+    opt.step()
+    flat = p.clone()
+    states = {k: [t] for k, t in lean_states.new_states(flat, state_dtype).items()}
+    rule_for(opt).apply(opt.param_groups[0], 1, [flat], [g], states, None, 1.0)
+    assert torch.equal(flat, ours.detach())
+    for name, (t,) in states.items():
+        assert torch.equal(t, opt.state[ours][name])
+
+
 # ------------------------------------------------------------------- CUDA
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from . import functional as F
+from . import lean_states
 from .adam import _EngineAdam
 from .lion import _EngineLion
 from .sgd import _EngineSGD
@@ -81,6 +82,9 @@ class Rule:
         )
         if self.kind == "adam":
             amsgrad = bool(group.get("amsgrad", False))
+            # lean states (group["state_dtype"] "bf16"/"int8"): the format follows the
+            # tensors' dtypes; int8 codes come with their block scales
+            lean = {f"{name}s": states[name] for name in lean_states.SCALE_NAMES if name in states}
             F.adam_step(
                 params,
                 grads,
@@ -97,6 +101,8 @@ class Rule:
                 ),
                 amsgrad=amsgrad,
                 bias_correction=bool(group.get("bias_correction", True)),
+                seed=int(group.get("seed", 0)),
+                **lean,
                 **common,
             )
         elif self.kind == "sgd":
