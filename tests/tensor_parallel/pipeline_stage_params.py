@@ -33,6 +33,7 @@ class StageParamsCase:
     checkpoint: bool = False
     cpu_offload: bool = False
     refused: str = ""  # boost() must refuse, naming this
+    accumulate: bool = False  # two execute_pipeline calls per step, the first in no_sync
 
     def run(self, rank: int) -> tuple[list[str], float]:
         start = time.perf_counter()
@@ -64,9 +65,17 @@ class StageParamsCase:
             ids = torch.randint(0, VOCAB, (2 * self.microbatches * dp, SEQ), generator=gen)
             want = ref(ids, labels=ids).loss
             want.backward()
+            mine = ids.chunk(dp)[dp_rank]
+            if self.accumulate:  # a second batch, its gradients added to the step's
+                more = torch.randint(0, VOCAB, ids.shape, generator=gen)
+                ref(more, labels=more).loss.backward()
+                extra = more.chunk(dp)[dp_rank]
+                with booster.no_sync(model, opt):
+                    booster.execute_pipeline(
+                        iter([{"input_ids": extra, "labels": extra}]), model, criterion, opt
+                    )
             opt_ref.step()
             opt_ref.zero_grad()
-            mine = ids.chunk(dp)[dp_rank]
             out = booster.execute_pipeline(
                 iter([{"input_ids": mine, "labels": mine}]), model, criterion, opt
             )

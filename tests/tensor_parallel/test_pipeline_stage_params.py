@@ -15,11 +15,13 @@ WORLD2 = [
     Case(zero_stage=1),
     Case(zero_stage=1, cpu_offload=True),  # the host step waits for the tie's sum
     Case(zero_stage=2, refused="use zero_stage=1"),
+    Case(accumulate=True),  # booster.no_sync over execute_pipeline: the tie summed once
 ]
 WORLD4 = [
     Case(tp=2, checkpoint=True),  # pp 2 x tp 2: tp shards of the stages only
     Case(zero_stage=1, checkpoint=True),  # pp 2 x dp 2, the tie summed before ZeRO's step
     Case(family="llama", tp=2, zero_stage=1),
+    Case(zero_stage=1, accumulate=True),
     Case(tp=2, zero_stage=1, style="interleaved", chunks=2, microbatches=4, layers=4),
 ]
 

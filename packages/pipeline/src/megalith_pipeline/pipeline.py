@@ -183,7 +183,12 @@ class Pipeline:
         return mbs, tgs, weights
 
     def step(
-        self, inputs: Any = None, targets: Any = None, *, no_sync: NoSync | None = None
+        self,
+        inputs: Any = None,
+        targets: Any = None,
+        *,
+        no_sync: NoSync | None = None,
+        sum_ties: bool = True,
     ) -> torch.Tensor | None:
         """Forward and backward of every micro-batch; gradients accumulate into .grad.
 
@@ -193,7 +198,10 @@ class Pipeline:
         rank's last runs inside it, so the wrapper reduces gradients once per step,
         and the pipeline does not average them over dp itself. Returns the loss
         (size-weighted mean over micro-batches) on the loss rank (every rank with
-        loss_on_all_ranks), else None.
+        loss_on_all_ranks), else None. sum_ties=False: a step inside a gradient-
+        accumulation window that has not ended: a tied parameter's copies are summed once,
+        in the window's last step, over the accumulated gradients (a sum each step would
+        add the earlier steps' other-stage shares again).
         """
         if self.loss_fn is None:
             raise ValueError("Pipeline.step needs loss_fn; use forward() for inference")
@@ -208,7 +216,8 @@ class Pipeline:
         loss, _, self._last_stats = self.executor.run(
             mbs, tgs, weights, train=True, no_sync=no_sync
         )
-        self.tied.reduce_grads(self.reduced_grads if no_sync is not None else None)
+        if sum_ties:
+            self.tied.reduce_grads(self.reduced_grads if no_sync is not None else None)
         if no_sync is None and self.dp_group is not None and self.dp_group.size > 1:
             reduce_dp(self.module, self.dp_group)
         return self._share_loss(loss)

@@ -628,8 +628,9 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
             )
         scale = getattr(optimizer, "loss_scale", 1.0) if optimizer is not None else 1.0
         return model.step(
-            next(data_iter), criterion, model.zero_no_sync, scale, keep_outputs=return_outputs
-        )
+            next(data_iter), criterion, model.zero_no_sync, scale, keep_outputs=return_outputs,
+            sum_ties=_accumulation_ends(optimizer),
+        )  # fmt: skip
 
     def local_named_parameters(self, model: Any) -> dict[str, torch.nn.Parameter]:
         """This rank's parameters (its stages, its tp shards) by their names in the model."""
@@ -651,6 +652,15 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
         if self.zero_stage and self.pp_size == 1:
             return ZeroCheckpointIO(tp_layout if self.tp_size > 1 else None)
         return HybridParallelCheckpointIO()
+
+
+def _accumulation_ends(optimizer: Any) -> bool:
+    """False inside booster.no_sync (gradients accumulate over several execute_pipeline
+    calls): a weight tied across stages is summed once, when the window ends."""
+    zopt = getattr(optimizer, "zero_optimizer", None)
+    if zopt is not None:
+        return bool(zopt.reducer.sync)
+    return bool(getattr(optimizer, "_sync", True))
 
 
 def _tied_zero_config(config: Any, step_in_backward: bool | None) -> Any:

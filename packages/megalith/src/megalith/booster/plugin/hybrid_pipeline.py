@@ -275,6 +275,7 @@ class PipelineModel(ModelWrapper):
         no_sync: Callable | None,
         loss_scale: float = 1.0,
         keep_outputs: bool = False,
+        sum_ties: bool = True,
     ) -> torch.Tensor:
         """Forward and backward of the batch through every stage; the loss on every rank.
         fp16: each micro-batch's loss is multiplied by loss_scale before its backward (the
@@ -297,6 +298,6 @@ class PipelineModel(ModelWrapper):
             criterion, loss_scale, kept, self.logits_group
         )
         with self.autocast():
-            loss = pipe.step(inputs, batch, no_sync=no_sync)
+            loss = pipe.step(inputs, batch, no_sync=no_sync, sum_ties=sum_ties)
         self.last_outputs = merge_outputs(kept) if kept else None
         return loss if loss is None or loss_scale == 1.0 else loss / loss_scale
