@@ -86,11 +86,30 @@ def table(runs: dict[str, list[dict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(runs: dict[str, list[dict]], path: str) -> None:
+    """The train losses (WINDOW-step means) of every run on one figure (matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, rows in runs.items():
+        steps = list(range(WINDOW, rows[-1]["step"] + 1, 10))
+        ax.plot(steps, [window_mean(rows, s) for s in steps], label=name, lw=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"train loss ({WINDOW}-step mean, nats)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("runs_dir")
     ap.add_argument("--names", default="parity_fp32,parity_bf16,parity_int8")
     ap.add_argument("--out", default="")
+    ap.add_argument("--png", default="", help="the curves on one figure (matplotlib)")
     ap.add_argument("--title", default="# Lean Adam states: loss parity")
     a = ap.parse_args()
     runs = {n: read(Path(a.runs_dir) / n / "metrics.jsonl") for n in a.names.split(",")}
@@ -98,6 +117,8 @@ def main() -> None:
     print(text)
     if a.out:
         Path(a.out).write_text(text)
+    if a.png:
+        plot(runs, a.png)
 
 
 if __name__ == "__main__":
