@@ -102,7 +102,8 @@ class HybridOptimizer(OptimizerWrapper):
         return self._current_grad_norm
 
     def get_working_to_master_map(self) -> None:
-        """None: at zero_stage 0 the working parameters are the ones stepped (no masters)."""
+        """None: at zero_stage 0 the optimizer's parameters are the model's own (the fp32
+        masters of half-precision ones live inside step())."""
         return None
 
     def get_master_to_working_map(self) -> None:
