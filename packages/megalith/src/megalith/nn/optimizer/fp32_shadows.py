@@ -64,6 +64,7 @@ class _Swap:
     shadow: torch.Tensor
     local: torch.Tensor  # the parameter's own storage (its shard under FSDP)
     writes_back: bool  # False: the shadow is the local storage itself
+    lean: bool  # the group keeps lean states (state_dtype bf16 / int8): left in their format
 
 
 class Fp32Shadows:
@@ -88,6 +89,7 @@ class Fp32Shadows:
         kept_lists = []
         for group in optimizer.param_groups:
             kept_lists.append(group["params"])
+            lean = group.get("state_dtype", "fp32") != "fp32"
             params = []
             for p in group["params"]:
                 if p.grad is None or not needs_shadow(p):
@@ -99,10 +101,10 @@ class Fp32Shadows:
                 state = optimizer.state.pop(p, None)
                 if state:
                     optimizer.state[shadow] = {
-                        k: _local(v).float() if _is_state_tensor(v, p) else v
+                        k: _to_shadow(v, lean) if _is_state_tensor(v, p) else v
                         for k, v in state.items()
                     }
-                swaps.append(_Swap(p, shadow, local, writes_back))
+                swaps.append(_Swap(p, shadow, local, writes_back, lean))
                 params.append(shadow)
             group["params"] = params
         try:
@@ -126,9 +128,13 @@ class Fp32Shadows:
             return
         dtype = torch.float32 if self.keep_masters else p.dtype
         optimizer.state[p] = {
-            k: _like_param(v.to(dtype), p) if _is_state_tensor(v, s.shadow) else v
+            k: _like_param(v if s.lean else v.to(dtype), p) if _is_state_tensor(v, s.shadow) else v
             for k, v in state.items()
         }
+
+
+def _to_shadow(v: torch.Tensor, lean: bool) -> torch.Tensor:
+    return _local(v) if lean else _local(v).float()
 
 
 def _is_state_tensor(v: Any, like: torch.Tensor) -> bool:
