@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bindings.h"
@@ -102,15 +103,15 @@ struct FlatParam {
 FlatParam flat_param(const nb::ndarray<>& param, const nb::ndarray<>& grad,
                      std::initializer_list<std::pair<const char*, const OptArray*>> states,
                      const OptArray& copy, std::int64_t step, float grad_scale,
-                     NonFinite nonfinite) {
-  const auto f32 = {DType::f32};
-  std::vector<Buffer> bufs{as_buffer(param, "param", f32),
+                     NonFinite nonfinite, std::initializer_list<DType> param_types = {DType::f32},
+                     std::initializer_list<DType> state_types = {DType::f32}) {
+  std::vector<Buffer> bufs{as_buffer(param, "param", param_types),
                            as_buffer(grad, "grad", {DType::f32, DType::bf16, DType::f16})};
   FlatParam out;
   int k = 0;
   for (auto [name, arr] : states) {
     if (arr->has_value()) {
-      bufs.push_back(as_buffer(**arr, name, f32));
+      bufs.push_back(as_buffer(**arr, name, state_types));
       out.slot.state[k] = static_cast<float*>(bufs.back().ptr);
     }
     ++k;
@@ -130,6 +131,53 @@ FlatParam flat_param(const nb::ndarray<>& param, const nb::ndarray<>& grad,
   out.args.nonfinite = nonfinite;
   out.on_cuda = bufs[0].device_type == nb::device::cuda::value;
   return out;
+}
+
+DType dtype_of(const nb::ndarray<>& a, const char* name) {
+  return as_buffer(a, name, {DType::f32, DType::bf16, DType::f16, DType::i8, DType::u8}).dtype;
+}
+
+/// adam_step_flat's lean formats, chosen by the dtypes ([Note: lean states]):
+/// bf16 exp_avg/exp_avg_sq, or int8/uint8 codes with fp32 block scales; a bf16
+/// param is a Kahan master with its bf16 param_comp.
+void add_lean_formats(FlatParam& fp, const nb::ndarray<>& param, const nb::ndarray<>& exp_avg,
+                      const nb::ndarray<>& exp_avg_sq, const OptArray& exp_avg_scale,
+                      const OptArray& exp_avg_sq_scale, const OptArray& param_comp,
+                      std::uint64_t seed) {
+  const DType m = dtype_of(exp_avg, "exp_avg"), v = dtype_of(exp_avg_sq, "exp_avg_sq");
+  const bool q8 = m == DType::i8;
+  MEGALITH_EXPECTS(q8 ? v == DType::u8 : v == m, type_error, "exp_avg_sq: ", dtype_name(v),
+                   " does not go with exp_avg ", dtype_name(m),
+                   "; expected both float32, both bfloat16, or int8 exp_avg with uint8 exp_avg_sq");
+  MEGALITH_EXPECTS(m != DType::u8 && v != DType::i8, type_error,
+                   "exp_avg must be the int8 codes and exp_avg_sq the uint8 ones");
+  fp.args.state_format = q8 ? StateFormat::q8 : (m == DType::bf16 ? StateFormat::bf16 : StateFormat::f32);
+  fp.args.seed = seed;
+  std::vector<Buffer> extra;
+  if (q8) {
+    MEGALITH_EXPECTS(exp_avg_scale && exp_avg_sq_scale, invalid_argument,
+                     "exp_avg_scale, exp_avg_sq_scale: required with int8/uint8 codes (",
+                     optim::q8_scale_count(fp.slot.numel), " float32 block scales each)");
+    for (auto [name, arr, k] : {std::tuple{"exp_avg_scale", &exp_avg_scale, 0},
+                                std::tuple{"exp_avg_sq_scale", &exp_avg_sq_scale, 1}}) {
+      Buffer b = as_buffer(**arr, name, {DType::f32});
+      MEGALITH_EXPECTS(b.numel == optim::q8_scale_count(fp.slot.numel), invalid_argument, name,
+                       ": has ", b.numel, " elements; expected ceil(", fp.slot.numel, " / ",
+                       optim::kQ8Block, ") = ", optim::q8_scale_count(fp.slot.numel));
+      MEGALITH_EXPECTS((b.device_type == nb::device::cuda::value) == fp.on_cuda, invalid_argument,
+                       name, ": on another device than param");
+      fp.slot.state_scale[k] = static_cast<float*>(b.ptr);
+    }
+  }
+  if (dtype_of(param, "param") == DType::bf16) {
+    MEGALITH_EXPECTS(param_comp.has_value(), invalid_argument,
+                     "param_comp: required with a bfloat16 param (the Kahan compensation)");
+    std::vector<Buffer> pair{as_buffer(param, "param", {DType::bf16}),
+                             as_buffer(*param_comp, "param_comp", {DType::bf16})};
+    check_same_layout(pair);
+    fp.slot.param_comp = pair[1].ptr;
+    fp.args.master_format = MasterFormat::bf16_kahan;
+  }
 }
 
 template <class Hyper, class CpuFn, class CudaFn>
@@ -323,20 +371,38 @@ void bind_optim(nb::module_& m) {
       [](const nb::ndarray<>& param, const nb::ndarray<>& grad, const nb::ndarray<>& exp_avg,
          const nb::ndarray<>& exp_avg_sq, const OptArray& max_exp_avg_sq, const OptArray& param_copy,
          const AdamHyper& hyper, std::int64_t step, float grad_scale, NonFinite nonfinite,
-         std::uintptr_t stream) {
+         std::uintptr_t stream, const OptArray& exp_avg_scale, const OptArray& exp_avg_sq_scale,
+         const OptArray& param_comp, std::uint64_t seed) {
         MEGALITH_EXPECTS(!hyper.amsgrad || max_exp_avg_sq.has_value(), invalid_argument,
                          "max_exp_avg_sq: required when hyper.amsgrad is True");
         OptArray m1{exp_avg}, m2{exp_avg_sq};
-        FlatParam fp = flat_param(param, grad,
-                                  {{"exp_avg", &m1}, {"exp_avg_sq", &m2}, {"max_exp_avg_sq", &max_exp_avg_sq}},
-                                  param_copy, step, grad_scale, nonfinite);
+        // fp32 param and exp_avg: the plain step, with its fp32-only dtype checks
+        const bool lean = exp_avg.dtype() == nb::dtype<std::int8_t>() ||
+                          exp_avg.dtype().code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) ||
+                          param.dtype().code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat);
+        FlatParam fp = lean ? flat_param(param, grad,
+                                         {{"exp_avg", &m1}, {"exp_avg_sq", &m2}, {"max_exp_avg_sq", &max_exp_avg_sq}},
+                                         param_copy, step, grad_scale, nonfinite, {DType::f32, DType::bf16},
+                                         {DType::f32, DType::bf16, DType::i8, DType::u8})
+                            : flat_param(param, grad,
+                                         {{"exp_avg", &m1}, {"exp_avg_sq", &m2}, {"max_exp_avg_sq", &max_exp_avg_sq}},
+                                         param_copy, step, grad_scale, nonfinite);
+        if (lean) {
+          add_lean_formats(fp, param, exp_avg, exp_avg_sq, exp_avg_scale, exp_avg_sq_scale,
+                           param_comp, seed);
+        }
+        MEGALITH_EXPECTS(!max_exp_avg_sq || dtype_of(*max_exp_avg_sq, "max_exp_avg_sq") == DType::f32,
+                         type_error, "max_exp_avg_sq: expected float32 (amsgrad keeps fp32 states)");
         return run_flat(fp, hyper, stream, &optim::cpu::adam_step, &optim::cuda::adam_step);
       },
       "param"_a, "grad"_a, "exp_avg"_a, "exp_avg_sq"_a, "max_exp_avg_sq"_a = nb::none(),
       "param_copy"_a = nb::none(), nb::kw_only(), "hyper"_a, "step"_a, "grad_scale"_a = 1.0f,
-      "nonfinite"_a = NonFinite::ignore, "stream"_a = 0,
+      "nonfinite"_a = NonFinite::ignore, "stream"_a = 0, "exp_avg_scale"_a = nb::none(),
+      "exp_avg_sq_scale"_a = nb::none(), "param_comp"_a = nb::none(), "seed"_a = 0,
       "One fused Adam/AdamW step on contiguous arrays (fp32 param/states; grad f32/bf16/f16;\n"
-      "optional bf16/f16/f32 param_copy). Returns True when a non-finite gradient was seen.");
+      "optional bf16/f16/f32 param_copy). Returns True when a non-finite gradient was seen.\n"
+      "Lean states by dtype: bf16 exp_avg/exp_avg_sq, or int8/uint8 codes with float32\n"
+      "exp_avg_scale/exp_avg_sq_scale; a bf16 param with param_comp is a Kahan master.");
   m.def(
       "sgd_step_flat",
       [](const nb::ndarray<>& param, const nb::ndarray<>& grad, const OptArray& momentum_buffer,

@@ -184,6 +184,41 @@ def test_stochastic_rounding_is_unbiased():
     assert not np.array_equal(means[0], means[1]), "each step draws new bits"
 
 
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+def test_flat_binding_takes_lean_formats(state_dtype, gen):
+    from megalith import _engine
+
+    p, g = torch.randn(1000, generator=gen), torch.randn(1000, generator=gen)
+    p2, flat, listed = p.clone(), lean_states.new_states(p, state_dtype), None
+    listed = {k: t.clone() for k, t in flat.items()}
+    q8 = state_dtype == "int8"
+    for step in (1, 2):
+        _engine.adam_step_flat(
+            p,
+            g,
+            flat["exp_avg"],
+            flat["exp_avg_sq"],
+            hyper=_engine.AdamHyper(lr=LR),
+            step=step,
+            seed=SEED,
+            exp_avg_scale=flat.get("exp_avg_scale"),
+            exp_avg_sq_scale=flat.get("exp_avg_sq_scale"),
+        )
+        F.adam_step(
+            [p2],
+            [g],
+            [listed["exp_avg"]],
+            [listed["exp_avg_sq"]],
+            exp_avg_scales=[listed["exp_avg_scale"]] if q8 else None,
+            exp_avg_sq_scales=[listed["exp_avg_sq_scale"]] if q8 else None,
+            step=step,
+            lr=LR,
+            seed=SEED,
+        )
+    assert torch.equal(p, p2)
+    assert all(torch.equal(flat[k], listed[k]) for k in flat)
+
+
 def test_wrong_buffers_are_named():
     p, g = torch.randn(300), torch.randn(300)
     c, q = torch.zeros(300, dtype=torch.int8), torch.zeros(300, dtype=torch.uint8)
