@@ -36,8 +36,23 @@ def min_lr(args: argparse.Namespace) -> float:
     return 0.1 * args.lr if args.min_lr is None else args.min_lr
 
 
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def check(args: argparse.Namespace) -> None:
     """ValueError naming the first option that cannot work."""
+    for name in ("steps", "batch_size", "seq_len", "eval_batches", "save_every", "eval_every"):
+        if getattr(args, name, 1) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}; expected >= 1")
+    budget = getattr(args, "device_budget_gb", None)
+    if getattr(args, "offload", "none") == "auto" and budget is None and not _has_gpu():
+        raise ValueError(
+            "--offload auto on CPU ranks needs --device-budget-gb (the simulated device's "
+            "memory); on a GPU it defaults to the GPU's memory"
+        )
     if args.grad_accum < 1:
         raise ValueError(f"--grad-accum {args.grad_accum}; expected >= 1 micro-batches per step")
     if args.warmup < 0:

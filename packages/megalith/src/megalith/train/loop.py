@@ -32,11 +32,6 @@ from .tensorboard_log import TensorBoardLog
 def _strategy(args: argparse.Namespace, device: torch.device) -> Strategy | None:
     """The run's Strategy (None for --plugin auto: the plan's, after boost); every rank
     fails here, before any collective, on options that cannot work."""
-    for name in ("steps", "batch_size", "seq_len", "eval_batches", "save_every", "eval_every"):
-        if getattr(args, name) < 1:
-            raise SystemExit(
-                f"megalith train: --{name.replace('_', '-')} {getattr(args, name)}; expected >= 1"
-            )
     try:
         finetune.resolve_model(args)
         choices.check(args)
@@ -55,11 +50,6 @@ def _strategy(args: argparse.Namespace, device: torch.device) -> Strategy | None
         )
     except ValueError as e:
         raise SystemExit(f"megalith train: {e}") from None
-    if args.offload == "auto" and args.device_budget_gb is None and not torch.cuda.is_available():
-        raise SystemExit(
-            "megalith train: --offload auto on CPU ranks needs --device-budget-gb (the "
-            "simulated device's memory); on a GPU it defaults to the GPU's memory"
-        )
     return strategy
 
 
