@@ -18,43 +18,19 @@ import torch
 
 from megalith.testing import run_distributed
 
+from .zero_offload_case import boosted
+from .zero_offload_case import saved_tensors as _tensors
+from .zero_offload_case import train_step as _step
+
 CAP = 1000  # bytes of pinned memory a region may hold: less than the model's state
 BOOM = "failed after the states were captured, on purpose"
-
-
-def _tensors(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(directory.glob("*.safetensors")):
-        out.update(load_file(str(f)))
-    return out
-
-
-def _boosted():
-    from megalith.booster import Booster, LowLevelZeroPlugin
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    booster = Booster(plugin=LowLevelZeroPlugin(stage=2, precision="fp32", cpu_offload=True))
-    model, optimizer, *_ = booster.boost(model, optimizer)
-    return booster, model, optimizer
-
-
-def _step(booster, model, optimizer, x: torch.Tensor) -> float:
-    loss = model(x).square().mean()
-    booster.backward(loss, optimizer)
-    optimizer.step()
-    optimizer.zero_grad()
-    return float(loss)
 
 
 def fallback_case(rank: int, root: str) -> dict:
     from megalith.booster.checkpoint_io import async_writes, pinned_pool
     from megalith.booster.checkpoint_io import zero as zero_io
 
-    booster, model, optimizer = _boosted()
+    booster, model, optimizer = boosted()
     batches = [torch.randn(8, 16, generator=torch.Generator().manual_seed(10 * i + rank))
                for i in range(5)]  # fmt: skip
 
@@ -74,7 +50,7 @@ def fallback_case(rank: int, root: str) -> dict:
     async_writes.wait()
     pinned = {n: r.allocated for n, r in pinned_pool._regions.items()}
 
-    booster2, model2, optimizer2 = _boosted()
+    booster2, model2, optimizer2 = boosted()
     booster2.load_model(model2, f"{root}/async/model")
     booster2.load_optimizer(optimizer2, f"{root}/async/optim")
     resumed = [_step(booster2, model2, optimizer2, x) for x in batches[2:]]

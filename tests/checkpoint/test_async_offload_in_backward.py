@@ -14,35 +14,18 @@ import torch
 
 from megalith.testing import run_distributed
 
+from .zero_offload_case import boosted
+from .zero_offload_case import saved_tensors as _tensors
+
 SLOW_WRITE_S = 0.2  # a slow disk: each checkpoint file takes at least this long
 STEPS_AFTER = 3
-
-
-def _tensors(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(directory.glob("*.safetensors")):
-        out.update(load_file(str(f)))
-    return out
-
-
-def _boosted():
-    from megalith.booster import Booster, LowLevelZeroPlugin
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    booster = Booster(plugin=LowLevelZeroPlugin(stage=2, precision="fp32", cpu_offload=True))
-    model, optimizer, *_ = booster.boost(model, optimizer)
-    return booster, model, optimizer
 
 
 def offload_case(rank: int, root: str) -> dict:
     import megalith_core.safetensors_files as files
     from megalith.booster.checkpoint_io import async_writes, pinned_pool, zero_capture
 
-    booster, model, optimizer = _boosted()
+    booster, model, optimizer = boosted()
     zopt = optimizer.zero_optimizer
     batches = [torch.randn(8, 16, generator=torch.Generator().manual_seed(10 * i + rank))
                for i in range(2 + STEPS_AFTER)]  # fmt: skip
@@ -81,7 +64,7 @@ def offload_case(rank: int, root: str) -> dict:
     async_writes.wait()
 
     # resume from the async checkpoint: the same steps give the same losses
-    booster2, model2, optimizer2 = _boosted()
+    booster2, model2, optimizer2 = boosted()
     booster2.load_model(model2, f"{root}/async/model")
     booster2.load_optimizer(optimizer2, f"{root}/async/optim")
     resumed = [step(model2, optimizer2, booster2, x) for x in batches[2:]]

@@ -18,38 +18,13 @@ import torch
 
 from megalith.testing import run_distributed
 
+from .zero_offload_case import boosted
+from .zero_offload_case import saved_tensors as _tensors
+from .zero_offload_case import train_step as _step
+
 SLOW_WRITE_S = 0.2  # a slow disk: each checkpoint file takes at least this long
 CAP = 1000  # bytes of pinned memory a region may hold: less than the model's state
 BOOM = "capture failed on purpose"
-
-
-def _tensors(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(directory.glob("*.safetensors")):
-        out.update(load_file(str(f)))
-    return out
-
-
-def _boosted():
-    from megalith.booster import Booster, LowLevelZeroPlugin
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    booster = Booster(plugin=LowLevelZeroPlugin(stage=2, precision="fp32", cpu_offload=True))
-    model, optimizer, _, _, scheduler = booster.boost(model, optimizer, lr_scheduler=scheduler)
-    return booster, model, optimizer, scheduler
-
-
-def _step(booster, model, optimizer, x: torch.Tensor) -> float:
-    loss = model(x).square().mean()
-    booster.backward(loss, optimizer)
-    optimizer.step()
-    optimizer.zero_grad()
-    return float(loss)
 
 
 def budget_case(rank: int, root: str) -> dict:
@@ -57,7 +32,7 @@ def budget_case(rank: int, root: str) -> dict:
     from megalith.booster.checkpoint_io import async_writes, pinned_pool, zero_capture
     from megalith.train import state
 
-    booster, model, optimizer, scheduler = _boosted()
+    booster, model, optimizer, scheduler = boosted(with_scheduler=True)
     batches = [torch.randn(8, 16, generator=torch.Generator().manual_seed(i)) for i in range(12)]
     for x in batches[:2]:
         _step(booster, model, optimizer, x)
@@ -100,7 +75,7 @@ def budget_case(rank: int, root: str) -> dict:
     result["capped"]["pinned"] = [r.allocated for r in pinned_pool._regions.values()]
     del os.environ[pinned_pool.ENV]
     # resuming from the capped async checkpoint continues exactly as the run did
-    booster2, model2, optimizer2, _ = _boosted()
+    booster2, model2, optimizer2, _ = boosted(with_scheduler=True)
     booster2.load_model(model2, f"{root}/capped/model")
     booster2.load_optimizer(optimizer2, f"{root}/capped/optim")
     result["resumed"] = [_step(booster2, model2, optimizer2, b) for b in batches[2:5]]
@@ -139,7 +114,7 @@ def budget_case(rank: int, root: str) -> dict:
     except RuntimeError as e:
         later_error = str(e)
     found = state.find(run)
-    booster3, model3, _, _ = _boosted()
+    booster3, model3, _, _ = boosted(with_scheduler=True)
     booster3.load_model(model3, str(found / "model"))
     booster3.save_model(model3, f"{root}/reloaded", shard=True)
     loaded = _tensors(Path(root, "reloaded"))
