@@ -46,14 +46,9 @@ def _is_dtensor(t: Any) -> bool:
     return cls is not None and isinstance(t, cls)
 
 
-def needs_shadow(p: torch.Tensor, group: dict[str, Any] | None = None) -> bool:
-    """A parameter an fp32 engine kernel cannot step in place. A plain bf16 parameter
-    of a group with master_dtype="bf16" is stepped in place (its Kahan compensation)."""
-    if _is_dtensor(p):
-        return True
-    if group is not None and group.get("master_dtype", "fp32") == "bf16":
-        return False
-    return p.dtype in HALF
+def needs_shadow(p: torch.Tensor) -> bool:
+    """A parameter an fp32 engine kernel cannot step in place."""
+    return p.dtype in HALF or _is_dtensor(p)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -97,7 +92,7 @@ class Fp32Shadows:
             lean = group.get("state_dtype", "fp32") != "fp32"
             params = []
             for p in group["params"]:
-                if p.grad is None or not needs_shadow(p, group):
+                if p.grad is None or not needs_shadow(p):
                     params.append(p)
                     continue
                 local = _local(p)
