@@ -47,15 +47,6 @@ struct LeanParams {
   float beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, decay, l2;
 };
 
-__device__ __forceinline__ std::uint32_t lowbias32(std::uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352du;
-  x ^= x >> 15;
-  x *= 0x846ca68bu;
-  x ^= x >> 16;
-  return x;
-}
-
 // See [Note: stochastic rounding] in core/src/optim/cpu_simd_vec.h.
 __device__ __forceinline__ __nv_bfloat16 bf16_sr(float x, std::uint32_t r16) {
   std::uint32_t u = __float_as_uint(x);
@@ -115,7 +106,7 @@ __global__ void __launch_bounds__(kThreads) elementwise_kernel(const __grid_cons
     }
     const float p = update(P, load_master<M>(P, i), g, m, v);
     if constexpr (S == kStateBF16) {
-      const std::uint32_t r = lowbias32(P.base + static_cast<std::uint32_t>(i));
+      const std::uint32_t r = optim::detail::lowbias32(P.base + static_cast<std::uint32_t>(i));
       static_cast<__nv_bfloat16*>(P.s0)[i] = bf16_sr(m, r >> 16);
       static_cast<__nv_bfloat16*>(P.s1)[i] = bf16_sr(v, r & 0xffffu);
     } else {

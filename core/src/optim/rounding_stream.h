@@ -6,8 +6,15 @@
 //     r    = lowbias32(base + i)      (high 16 bits for m, low 16 for v)
 // (see [Note: stochastic rounding] in cpu_simd_vec.h). Compiled with the
 // library's ordinary flags: never include it in a per-SIMD-level source.
+// lowbias32 and slot_stream are host+device functions under nvcc.
 
 #include <cstdint>
+
+#ifdef __CUDACC__
+#define MEGALITH_ROUNDING_FN __host__ __device__ __forceinline__
+#else
+#define MEGALITH_ROUNDING_FN inline
+#endif
 
 namespace megalith::optim::detail {
 
@@ -20,7 +27,7 @@ inline std::uint32_t rounding_key(std::uint64_t seed, std::int64_t step) {
   return static_cast<std::uint32_t>(z ^ (z >> 32));
 }
 
-inline std::uint32_t lowbias32(std::uint32_t x) {
+MEGALITH_ROUNDING_FN std::uint32_t lowbias32(std::uint32_t x) {
   x ^= x >> 16;
   x *= 0x7feb352du;
   x ^= x >> 15;
@@ -30,7 +37,7 @@ inline std::uint32_t lowbias32(std::uint32_t x) {
 }
 
 /// The base of slot `slot`'s stream in a step with this key.
-inline std::uint32_t slot_stream(std::uint32_t key, std::uint32_t slot) {
+MEGALITH_ROUNDING_FN std::uint32_t slot_stream(std::uint32_t key, std::uint32_t slot) {
   return lowbias32(key ^ (slot * 0x9e3779b9u));
 }
 
