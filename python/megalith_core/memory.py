@@ -39,6 +39,7 @@ _ENGINE_DTYPE = {
     torch.float16: "f16",
     torch.float64: "f64",
     torch.uint8: "u8",
+    torch.int8: "i8",  # q8 optimizer-state codes (megalith_core.optim.flat_states)
 }
 
 

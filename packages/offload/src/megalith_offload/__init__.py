@@ -26,7 +26,7 @@ from .nvme_tier import NvmeTier
 from .offloader import Offloader
 from .placement import HOST_STEP_SLOTS, ChunkCost, Plan, plan
 from .resident import resident_states, swapped_states
-from .swap import SwapStore, file_bytes
+from .swap import SwapStore, file_bytes, lean_file_bytes
 from .visit import DeviceVisits, link_seconds_per_byte
 from .warmup import AutoPlacement
 
@@ -52,6 +52,7 @@ __all__ = [
     "__version__",
     "auto",
     "file_bytes",
+    "lean_file_bytes",
     "link_seconds_per_byte",
     "plan",
     "resident_states",

@@ -30,6 +30,8 @@ class ChunkSpec(Protocol):
 
 class OffloadableChunk(Protocol):
     spec: ChunkSpec
+    #: this rank's position in the chunk's group (which shard it holds)
+    rank: int
     trainable: bool
     #: the device arena (device memory for a chunk moved back to the device)
     memory: StateMemory
@@ -43,6 +45,9 @@ class OffloadableChunk(Protocol):
     master: torch.Tensor
     #: optimizer states by name; on NVMe filled only around the chunk's step
     states: dict[str, torch.Tensor]
+    #: their format: "fp32", "bf16" or "int8" (megalith_core.optim.flat_states; the
+    #: int8 format adds the block scales to `states`)
+    state_dtype: str
 
 
 class ChunkUpdate(Protocol):

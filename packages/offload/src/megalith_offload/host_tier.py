@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from megalith_core.optim import flat_states
 from megalith_core.optim.rules import Rule
 
 from . import auto
@@ -148,9 +149,18 @@ class HostTier:
         in_place = self.offloader.params_off_device(c.spec.index)
         shard = c.shard
 
+        lean = c.state_dtype != "fp32"
+        seed = flat_states.stream_seed(int(group.get("seed", 0)), c.spec.index, c.rank)
+
         def work(grads: torch.Tensor, params: torch.Tensor) -> None:
             out = shard if in_place else params
             for step, sl, _ in pieces:
+                if lean:  # [Note: lean chunk states] in megalith_core.optim.flat_states
+                    flat_states.apply(
+                        rule, group, step, c.master, grads, c.states, out[: c.master.numel()],
+                        grad_scale, sl, seed,
+                    )  # fmt: skip
+                    continue
                 rule.apply(
                     group,
                     step,
@@ -170,8 +180,8 @@ class HostTier:
         k-th of the host chunks whose parameters are on the device, by layout order;
         not during placement="auto"'s warm-up, which measures the plain step."""
         frac = self.visit_frac
-        if not frac or self._warming_up:
-            return False
+        if not frac or self._warming_up or c.state_dtype != "fp32":
+            return False  # the visits' device slots hold fp32 states only
         eligible = self._visit_candidates()
         if c not in eligible:
             return False

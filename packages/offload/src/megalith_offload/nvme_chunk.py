@@ -34,7 +34,7 @@ def put_master(swap: SwapStore, chunk: OffloadableChunk, names: tuple[str, ...])
     """Moves the chunk's fp32 master (its values in `master`) into its states' file, whose
     vectors are `names` (MASTER first)."""
     key = chunk.spec.index
-    swap.ensure(key, names, chunk.spec.shard_numel)
+    swap.ensure(key, names, chunk.spec.shard_numel, chunk.state_dtype)
     swap.store(key, {MASTER: chunk.master})
     chunk.master = placeholder(chunk.master)
 

@@ -10,6 +10,7 @@ import torch
 import megalith_comm as comm
 from megalith_core import _engine
 from megalith_core.memory import StateMemory
+from megalith_core.optim import flat_states
 
 from . import nvme_chunk
 from .chunk import OffloadableChunk
@@ -121,17 +122,20 @@ class Offloader:
         arena, in device memory for a chunk on the device, or for an NVMe chunk in its
         swap file (`chunk.states` holds them only around its step)."""
         key = chunk.spec.index
+        fmt = getattr(chunk, "state_dtype", "fp32")
         if self.tier_of(key) == "nvme":
             in_file = self.swap_names(key, names)
             if in_file:
-                self.swap.ensure(key, in_file, chunk.spec.shard_numel)
+                self.swap.ensure(key, in_file, chunk.spec.shard_numel, fmt)
             return
         arena = self.host_of(key) or chunk.memory
-        for name in names:
-            if name not in chunk.states:
-                chunk.states[name] = arena.zeros(
-                    "optim_states", chunk.spec.shard_numel, torch.float32
-                )
+        flat_states.allocate(
+            lambda n, dtype: arena.zeros("optim_states", n, dtype),
+            names,
+            fmt,
+            chunk.spec.shard_numel,
+            chunk.states,
+        )
 
     def master_values(self, chunk: OffloadableChunk) -> torch.Tensor:
         """The fp32 master; read from the swap file (a new host tensor) when it is there."""
@@ -169,7 +173,11 @@ class Offloader:
         on_nvme, in_file = self.tier_of(key) == "nvme", self.masters_on_nvme(key)
         if not in_file:
             master.copy_(chunk.master)  # (equal already when the shard is the master)
-        states = {n: chunk.memory.empty("optim_states", s, torch.float32) for n in names}
+        fmt = getattr(chunk, "state_dtype", "fp32")
+        states = {
+            n: chunk.memory.empty("optim_states", count, dtype)
+            for n, (dtype, count) in flat_states.specs(names, fmt, s).items()
+        }
         if on_nvme:
             loaded = {SwapStore.MASTER: master, **states} if in_file else states
             if loaded and self.swap.has(key):

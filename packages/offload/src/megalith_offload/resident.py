@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from megalith_core.optim import flat_states
+
 from . import nvme_chunk
 from .chunk import OffloadableChunk
 from .offloader import Offloader
@@ -59,9 +61,8 @@ def resident_states(
     files: dict[int, dict[str, torch.Tensor]] = {}  # what each chunk's file holds
     for c in swapped:
         offloader.ensure_states(c, names[id(c)])
-        files[id(c)] = {
-            n: torch.empty(c.spec.shard_numel, dtype=torch.float32) for n in in_file[id(c)]
-        }
+        vectors = flat_states.specs(in_file[id(c)], c.state_dtype, c.spec.shard_numel)
+        files[id(c)] = {n: torch.empty(count, dtype=dtype) for n, (dtype, count) in vectors.items()}
         offloader.swap.load(c.spec.index, files[id(c)])
         c.states = dict(files[id(c)])
         if offloader.masters_on_nvme(c.spec.index):

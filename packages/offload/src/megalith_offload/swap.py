@@ -29,6 +29,7 @@ import torch
 from megalith_core import _engine
 from megalith_core.memory import HOST_ALIGNMENT as ALIGNMENT
 from megalith_core.memory import StateMemory
+from megalith_core.optim import flat_states
 
 from .config import OffloadConfig
 from .placement import padded
@@ -47,6 +48,31 @@ def _padded(numel: int) -> int:
 def file_bytes(numel: int, n_states: int) -> int:
     """Bytes of the swap file (and staging buffer) for n_states fp32 vectors of numel."""
     return n_states * _padded(numel)
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
+
+def _layout(
+    names: tuple[str, ...], numel: int, state_dtype: str
+) -> list[tuple[str, torch.dtype, int, int]]:
+    """(name, dtype, elements, byte offset) of each vector of a file: the stored vectors
+    of `names` in `state_dtype` (lean states: megalith_core.optim.flat_states; the
+    master and fp32 states are fp32 vectors), each starting on a 4096-byte boundary."""
+    out, offset = [], 0
+    for n, (dtype, count) in flat_states.specs(names, state_dtype, numel).items():
+        out.append((n, dtype, count, offset))
+        offset += _aligned(count * torch.empty((), dtype=dtype).element_size())
+    return out
+
+
+def lean_file_bytes(names: tuple[str, ...], numel: int, state_dtype: str) -> int:
+    """Bytes of the swap file of states `names` (and MASTER) in `state_dtype`."""
+    return sum(
+        _aligned(count * torch.empty((), dtype=dtype).element_size())
+        for _, dtype, count, _ in _layout(names, numel, state_dtype)
+    )
 
 
 def _reserve(
@@ -70,8 +96,11 @@ def _reserve(
 
 
 class _Entry:
-    def __init__(self, file: _engine.io.SwapFile, names: tuple[str, ...], numel: int):
-        self.file, self.names, self.numel = file, names, numel
+    def __init__(
+        self, file: _engine.io.SwapFile, names: tuple[str, ...], numel: int, state_dtype: str
+    ):
+        self.file, self.names, self.numel, self.state_dtype = file, names, numel, state_dtype
+        self.vectors = _layout(names, numel, state_dtype)
         self.fresh = True  # never written: starts as zeros without a read
 
 
@@ -124,20 +153,24 @@ class SwapStore:
     def overlapped(self) -> bool:
         return len(self._slots) > 1
 
-    def ensure(self, key: Hashable, names: tuple[str, ...], numel: int) -> None:
-        """Reserves the file for `key`'s states on disk (zeros until first written)."""
+    def ensure(
+        self, key: Hashable, names: tuple[str, ...], numel: int, state_dtype: str = "fp32"
+    ) -> None:
+        """Reserves the file for `key`'s states on disk (zeros until first written);
+        state_dtype: their format (lean states keep their bf16 or int8 bytes on disk)."""
         entry = self._entries.get(key)
         if entry is not None:
-            if entry.names != names or entry.numel != numel:
+            if (entry.names, entry.numel, entry.state_dtype) != (names, numel, state_dtype):
                 raise ValueError(
                     f"megalith_offload: chunk {key} has states {entry.names} of {entry.numel} "
-                    f"elements on NVMe; asked for {names} of {numel}"
+                    f"elements ({entry.state_dtype}) on NVMe; asked for {names} of {numel} "
+                    f"({state_dtype})"
                 )
             return
-        nbytes = file_bytes(numel, len(names))
+        nbytes = lean_file_bytes(names, numel, state_dtype)
         staging = self._slots[0].buf.numel() * FLOAT
         file = _reserve(self.dir, f"chunk{key}", nbytes, staging, f"chunk {key}'s optimizer states")
-        self._entries[key] = _Entry(file, names, numel)
+        self._entries[key] = _Entry(file, names, numel, state_dtype)
         self._note_peak()
 
     def _note_peak(self) -> None:
@@ -145,9 +178,10 @@ class SwapStore:
             self._peak, self._master_peak = self.nbytes, self.master_bytes
 
     def _views(self, entry: _Entry, slot: _Slot) -> dict[str, torch.Tensor]:
-        stride = _padded(entry.numel) // FLOAT
+        raw = slot.buf.view(torch.uint8)
         return {
-            n: slot.buf[i * stride : i * stride + entry.numel] for i, n in enumerate(entry.names)
+            n: raw[off : off + count * torch.empty((), dtype=dtype).element_size()].view(dtype)
+            for n, dtype, count, off in entry.vectors
         }
 
     def _whole(self, entry: _Entry, slot: _Slot) -> torch.Tensor:

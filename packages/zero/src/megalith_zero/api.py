@@ -9,6 +9,7 @@ from torch.utils._pytree import tree_map
 
 import megalith_comm as comm
 from megalith_core.memory import StateMemory
+from megalith_core.optim import flat_states
 from megalith_core.optim.rules import check_group, rule_for
 
 from .chunk import ChunkSetup, FlatChunk
@@ -215,8 +216,10 @@ def shard(
 
     def setup(spec: Any) -> ChunkSetup:
         trainable = spec.group >= 0
-        names = rule.state_names(optimizer.param_groups[spec.group]) if trainable else ()
-        return ChunkSetup(group.rank, config, trainable, offloader, names)
+        g = optimizer.param_groups[spec.group] if trainable else {}
+        names = rule.state_names(g) if trainable else ()
+        fmt = flat_states.group_format(rule, g)  # lean states: the group's state_dtype
+        return ChunkSetup(group.rank, config, trainable, offloader, names, fmt)
 
     chunks = [
         FlatChunk(spec, [params[s.param][1] for s in spec.slots], memory, setup(spec))

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 import megalith_comm as comm
+from megalith_core.optim import flat_states
 from megalith_core.optimizer_files import restore_hyperparameters
 from megalith_core.safetensors_files import (
     StreamedFiles,
@@ -36,8 +37,9 @@ from megalith_core.safetensors_files import (
 )
 
 from .api import ZeroModel
+from .chunk import FlatChunk
 from .file_layout import IDENTITY, FileLayout
-from .full_state import agree_written, iter_full_params
+from .full_state import agree_written, iter_full_params, keep_formats
 from .layout import Chunk, Slot
 from .offload import with_resident_states
 from .optimizer import ZeroOptimizer
@@ -71,6 +73,8 @@ def _layout_meta(zmodel: ZeroModel, zopt: ZeroOptimizer) -> dict[str, Any]:
             for c in zmodel.chunks
         ],
         "steps": steps,
+        # the format of each chunk's c<k>.<state> tensors ([Note: lean chunk states])
+        "state_dtypes": [c.state_dtype for c in zmodel.chunks],
         "loss_scale": zopt.scaler.state_dict() if zopt.scaler else None,
         "param_groups": groups,
     }
@@ -107,7 +111,10 @@ class _OldShards:
         self._open: dict[int, Any] = {}
         self.pieces: dict[str, list[tuple[int, int, int, int, int]]] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
-        world = meta["world"]
+        world = self.world = meta["world"]
+        self.chunks = meta["chunks"]
+        self.formats: list[str] = meta.get("state_dtypes", [])
+        self._decoded: dict[tuple[int, int, str], torch.Tensor] = {}
         for k, c in enumerate(meta["chunks"]):
             slots = tuple(Slot(p, name, tuple(shape), off) for p, name, shape, off in c["slots"])
             chunk = Chunk(k, c["group"], c["numel"], slots, world)
@@ -124,6 +131,38 @@ class _OldShards:
             self._open[rank] = self.files.enter_context(safe_open(self.path / _rank_file(rank)))
         return self._open[rank]
 
+    def state_dtype(self, k: int) -> str:
+        return self.formats[k] if k < len(self.formats) else "fp32"
+
+    def same_chunk(self, c: FlatChunk, world: int) -> bool:
+        """Whether old chunk c.spec.index is this chunk at this world size, its states in
+        the chunk's format: its tensors then load as they are (bit for bit)."""
+        k = c.spec.index
+        if self.world != world or k >= len(self.chunks) or self.state_dtype(k) != c.state_dtype:
+            return False
+        old = self.chunks[k]
+        return old["numel"] == c.spec.numel and old["slots"] == [
+            [s.param, s.name, list(s.shape), s.offset] for s in c.spec.slots
+        ]
+
+    def raw(self, rank: int, k: int, name: str) -> torch.Tensor | None:
+        """Tensor c<k>.<name> of rank's file as written, or None."""
+        f = self._file(rank)
+        return f.get_tensor(f"c{k}.{name}") if f"c{k}.{name}" in f.keys() else None
+
+    def _fp32(self, r: int, k: int, kind: str) -> Any:
+        """Old shard (r, k)'s state `kind` as fp32 (q8 codes decoded with their scales)."""
+        if self.state_dtype(k) == "fp32" or kind in ("master", "params"):
+            return self._file(r).get_slice(f"c{k}.{kind}")
+        key = (r, k, kind)
+        if key not in self._decoded:
+            names = ("exp_avg", "exp_avg_sq") if kind in flat_states.LEAN_NAMES else (kind,)
+            stored = {
+                n: self.raw(r, k, n) for n in flat_states.stored_names(names, self.state_dtype(k))
+            }
+            self._decoded = {key: flat_states.to_fp32(stored)[kind]}  # one shard at a time
+        return self._decoded[key]
+
     def has(self, name: str, kind: str) -> bool:
         r, k, *_ = self.pieces[name][0]
         return f"c{k}.{kind}" in self._file(r).keys()
@@ -137,7 +176,7 @@ class _OldShards:
             a, b = max(start, p_start), min(stop, p_start + n)
             if a >= b:
                 continue
-            src = self._file(r).get_slice(f"c{k}.{kind}")
+            src = self._fp32(r, k, kind)
             lo = shard_start + (a - p_start)
             out[a - start : b - start].copy_(src[lo : lo + (b - a)])
 
@@ -183,26 +222,40 @@ def load_sharded(zmodel: ZeroModel, zopt: ZeroOptimizer, path: str | os.PathLike
                         old.read(seg.slot.name, "params", seg.param_start, seg.length, c.shard[dst])
                         continue
                     old.read(seg.slot.name, "master", seg.param_start, seg.length, c.master[dst])
-                    names = zopt.rule.state_names(zopt.optimizer.param_groups[c.spec.group])
-                    c.ensure_states(names)
-                    for state in names:
-                        if old.has(seg.slot.name, state):
-                            old.read(
-                                seg.slot.name,
-                                state,
-                                seg.param_start,
-                                seg.length,
-                                c.states[state][dst],
-                            )
+                if c.trainable:
+                    _load_states(c, zopt, old, rank)
                 if c.trainable and c.master.data_ptr() != c.shard.data_ptr():
                     c.shard.copy_(c.master)
             c.steps = [int(meta["steps"].get(s.name, 0)) for s in c.spec.slots]
-    restore_hyperparameters(zopt.optimizer.param_groups, meta)
+    keep_formats(zopt, lambda: restore_hyperparameters(zopt.optimizer.param_groups, meta))
     if zopt.scaler is not None and meta["loss_scale"] is not None:
         zopt.scaler.load_state_dict(meta["loss_scale"])
     if zopt.config.stage in (1, 2):
         zopt._gather_params(zmodel.chunks)
     comm.barrier(group=zmodel.group)
+
+
+def _load_states(c: FlatChunk, zopt: ZeroOptimizer, old: _OldShards, rank: int) -> None:
+    """Chunk c's optimizer states from the checkpoint: as written when the old chunk is
+    this one in this format (resume: bit for bit), else each segment's fp32 values from
+    the old shards holding it, stored in the chunk's format (converted, as the optimizer
+    classes' load_state_dict does)."""
+    names = zopt.rule.state_names(zopt.optimizer.param_groups[c.spec.group])
+    c.ensure_states(names)
+    k = c.spec.index
+    if old.same_chunk(c, zopt.group.size):
+        for n, t in c.states.items():
+            src = old.raw(rank, k, n)
+            if src is not None:
+                t.copy_(src)
+        return
+    values = {n: torch.zeros(c.spec.shard_numel, dtype=torch.float32) for n in names}
+    for seg in c.spec.segments(rank):
+        dst = slice(seg.shard_start, seg.shard_start + seg.length)
+        for n in names:
+            if old.has(seg.slot.name, n):
+                old.read(seg.slot.name, n, seg.param_start, seg.length, values[n][dst])
+    flat_states.write_fp32(c.states, {n: v.to(c.states[n].device) for n, v in values.items()})
 
 
 def save_full(

@@ -46,6 +46,7 @@ import torch
 
 import megalith_comm as comm
 from megalith_core.memory import StateMemory
+from megalith_core.optim import flat_states
 
 from .config import ZeroConfig
 from .layout import Chunk
@@ -65,6 +66,9 @@ class ChunkSetup:
     offloader: Offloader | None = None
     #: its param group's optimizer states (an NVMe chunk's file holds them)
     state_names: tuple[str, ...] = ()
+    #: their format, the group's state_dtype ([Note: lean chunk states] in
+    #: megalith_core.optim.flat_states)
+    state_dtype: str = "fp32"
 
 
 class FlatChunk:
@@ -81,6 +85,8 @@ class FlatChunk:
         self.rank = rank
         self.stage = config.stage
         self.trainable = trainable = setup.trainable
+        #: the format of the optimizer states (megalith_core.optim.flat_states)
+        self.state_dtype = setup.state_dtype
         self.memory = memory
         #: where the chunk's state lives is the Offloader's record (see the properties)
         self.offloader = offloader
@@ -305,11 +311,13 @@ class FlatChunk:
         if self.offloader is not None:
             self.offloader.ensure_states(self, names)
             return
-        for name in names:
-            if name not in self.states:
-                self.states[name] = self.memory.zeros(
-                    "optim_states", self.spec.shard_numel, torch.float32
-                )
+        flat_states.allocate(
+            lambda n, dtype: self.memory.zeros("optim_states", n, dtype),
+            names,
+            self.state_dtype,
+            self.spec.shard_numel,
+            self.states,
+        )
 
     def step_pieces(self, used: list[bool]) -> list[tuple[int, slice, list[int]]]:
         """(step number to take, shard range, slot indices) runs for the fused update.

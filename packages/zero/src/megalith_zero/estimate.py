@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from megalith_core.optim import flat_states
 from megalith_core.optim.rules import rule_for
 
 from .api import _param_groups
@@ -52,13 +53,14 @@ def estimate(
     chunk_bytes = max(c.numel for c in layout.chunks) * wd
     trainable = sum(c.group >= 0 for c in layout.chunks)
     if config.offload is None:
-        names = [rule.state_names(optimizer.param_groups[c.group]) for c in layout.chunks]
         mixed = int(config.param_dtype != torch.float32)
-        states = sum(
-            4 * c.shard_numel * (len(n) + mixed)
-            for c, n in zip(layout.chunks, names)
-            if c.group >= 0
-        )
+        states = 0
+        for c in layout.chunks:
+            if c.group >= 0:  # lean states (the group's state_dtype) at their real bytes
+                g = optimizer.param_groups[c.group]
+                fmt = flat_states.group_format(rule, g)
+                states += flat_states.nbytes(rule.state_names(g), fmt, c.shard_numel)
+                states += 4 * c.shard_numel * mixed
         p, g, f, q, _, _ = resident_state(config, layout, lambda spec: False)
         device = {"params": p, "grads": g, "grads_in_flight": f, "gathered": q}
         return Estimate(

@@ -15,12 +15,13 @@ from pathlib import Path
 import torch
 
 import megalith_comm as comm
+from megalith_core.optim import flat_states
 from megalith_core.optimizer_files import SEP, read_meta, restore_hyperparameters, write_meta
 from megalith_core.safetensors_files import StreamedFiles, TensorReader
 
 from .api import ZeroModel
 from .file_layout import IDENTITY, FileLayout
-from .full_state import agree_written
+from .full_state import agree_written, keep_formats
 from .offload import with_resident_states
 from .optimizer import ZeroOptimizer
 
@@ -53,11 +54,14 @@ def full_states(
     for c in zopt.trainable:
         if not any(c.steps):
             continue
+        c.ensure_states(names_of[c.spec.group])
+        # lean states go into the files as fp32 (the format is the param group's
+        # state_dtype in optimizer.json); decoded one chunk at a time
+        values = flat_states.to_fp32(c.states) if c.state_dtype != "fp32" else c.states
         for state in names_of[c.spec.group]:
-            c.ensure_states(names_of[c.spec.group])
             device = c.shard.device  # offloaded states are on the host: gather where comm is
             full = torch.empty(c.spec.numel, dtype=torch.float32, device=device)
-            comm.all_gather(full, c.states[state].to(device), group=group)
+            comm.all_gather(full, values[state].to(device), group=group)
             for s, step in zip(c.spec.slots, c.steps):
                 if step:
                     part = full[s.offset : s.offset + s.numel].view(s.shape)
@@ -119,6 +123,12 @@ def load_full_optimizer(
             c.ensure_states(names)
             for st in c.states.values():
                 st.zero_()
+            lean = c.state_dtype != "fp32"
+            values = (
+                {n: torch.zeros(c.spec.shard_numel, device=c.master.device) for n in names}
+                if lean
+                else c.states
+            )
             c.steps = [
                 int(meta["params"].get(layout.file_name(s.name), {}).get("step", 0))
                 for s in c.spec.slots
@@ -129,8 +139,10 @@ def load_full_optimizer(
                     if reader.has(key):
                         src = layout.to_local(seg.slot.name, reader.get(key)).reshape(-1)
                         src = src[seg.param_start : seg.param_start + seg.length]
-                        c.states[n][seg.shard_start : seg.shard_start + seg.length].copy_(src)
-    restore_hyperparameters(zopt.optimizer.param_groups, meta)
+                        values[n][seg.shard_start : seg.shard_start + seg.length].copy_(src)
+            if lean:  # fp32 from the files into the chunk's format
+                flat_states.write_fp32(c.states, values)
+    keep_formats(zopt, lambda: restore_hyperparameters(zopt.optimizer.param_groups, meta))
     if zopt.scaler is not None and meta.get("loss_scale"):
         zopt.scaler.load_state_dict(meta["loss_scale"])
     layout.barrier(zmodel.group)

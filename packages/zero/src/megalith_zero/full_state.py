@@ -7,7 +7,8 @@ gathered, so saving a model far larger than one rank's memory works.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -62,3 +63,15 @@ def agree_written(group: comm.ProcessGroup, error: BaseException | None) -> None
             raise RuntimeError(
                 f"the checkpoint save failed on rank {rank} of group {group.name!r}: {said}"
             )
+
+
+def keep_formats(zopt: Any, restore: Callable[[], None]) -> None:
+    """Runs restore() (saved hyperparameters into the live param groups) keeping each
+    group's state_dtype: the chunks keep the format they were built with."""
+    kept = [g.get("state_dtype") for g in zopt.optimizer.param_groups]
+    restore()
+    for g, fmt in zip(zopt.optimizer.param_groups, kept):
+        if fmt is None:
+            g.pop("state_dtype", None)
+        else:
+            g["state_dtype"] = fmt

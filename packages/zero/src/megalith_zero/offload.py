@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from megalith_core.memory import StateMemory
+from megalith_core.optim import flat_states
 from megalith_core.optim.rules import Rule
 
 from .config import ZeroConfig
@@ -79,13 +80,16 @@ def chunk_costs(
     for spec in layout.chunks:
         if spec.group < 0:
             continue
-        n_states = len(rule.state_names(optimizer.param_groups[spec.group]))
+        group = optimizer.param_groups[spec.group]
+        names = rule.state_names(group)
+        fmt = flat_states.group_format(rule, group)  # lean states: their real bytes
         s = spec.shard_numel
+        states = flat_states.nbytes(names, fmt, s)
         costs[spec.index] = mo.ChunkCost(
-            device=FLOAT * s * (n_states + int(mixed)),
+            device=states + FLOAT * s * int(mixed),
             master=FLOAT * s,
-            states=FLOAT * s * n_states,
-            swap=mo.file_bytes(s, n_states),
+            states=states,
+            swap=mo.lean_file_bytes(names, s, fmt),
             step_staging=s * (wd + rd),
             params=s * wd,
         )

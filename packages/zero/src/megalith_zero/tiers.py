@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from megalith_core.memory import StateMemory, Usage
+from megalith_core.optim import flat_states
 from megalith_core.optim.rules import Rule
 
 from .chunk import FlatChunk
@@ -93,6 +94,9 @@ class DeviceTier:
             for step, sl, _ in u.pieces:
                 work.setdefault(step, []).append((u.chunk, sl))
         group, names = batch[0].group, batch[0].names
+        if batch[0].chunk.state_dtype != "fp32":
+            self._apply_lean(batch, grad_scale)
+            return
         for step, pieces in work.items():
             c0 = pieces[0][0]
             copies = None
@@ -107,6 +111,19 @@ class DeviceTier:
                 copies,
                 grad_scale,
             )
+
+    def _apply_lean(self, batch: list[ChunkUpdate], grad_scale: float) -> None:
+        """Lean states: one call per shard piece, each shard on its own rounding stream
+        ([Note: lean chunk states] in megalith_core.optim.flat_states)."""
+        for u in batch:
+            c = u.chunk
+            copies = c.shard if c.master.data_ptr() != c.shard.data_ptr() else None
+            seed = flat_states.stream_seed(int(u.group.get("seed", 0)), c.spec.index, c.rank)
+            for step, sl, _ in u.pieces:
+                flat_states.apply(
+                    self.rule, u.group, step, c.master, c.shard_grad, c.states, copies,
+                    grad_scale, sl, seed,
+                )  # fmt: skip
 
     def wait(self) -> None:
         step = self.streams.step
