@@ -1,4 +1,5 @@
-"""All-to-all (Ulysses) sequence parallelism for transformers' LlamaForCausalLM under
+"""All-to-all (Ulysses) sequence parallelism for transformers' LlamaForCausalLM (and the
+Mistral, Qwen2 and Qwen3 ones) under
 HybridParallelPlugin(sp_size > 1, sequence_parallelism_mode="all_to_all"), as ColossalAI's
 llama benchmark runs it (`--sp 2 --sp_mode all_to_all`): losses and parameters after two
 SGD steps equal the plain model's in one process, on 2 ranks (sp 2, a padded batch) and
@@ -15,14 +16,20 @@ from tests.colossalai import ulysses_hf_workers as uw
 
 @pytest.mark.timeout(90)
 def test_transformers_llama_all_to_all_on_2_ranks_matches_torch():
-    settings = [(2, 1, True)]
+    # Mistral and Qwen2 slide a window shorter than the sequence over the whole sequence
+    settings = [
+        (2, 1, True),
+        (2, 1, True, "Mistral"),
+        (2, 1, True, "Qwen2"),
+        (2, 1, False, "Qwen3"),
+    ]
     for errors in run_distributed(uw.ulysses_grid, 2, settings, 5, timeout=80):
         assert errors == []
 
 
 @pytest.mark.timeout(120)
 def test_transformers_llama_all_to_all_on_4_ranks_matches_torch():
-    settings = [(4, 1, False), (2, 2, True)]
+    settings = [(4, 1, False), (2, 2, True), (2, 2, False, "Qwen3")]
     for errors in run_distributed(uw.ulysses_grid, 4, settings, 6, timeout=110):
         assert errors == []
 

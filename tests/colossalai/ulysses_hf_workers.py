@@ -11,20 +11,33 @@ import torch
 VOCAB, SEQ, BATCH, STEPS, LR = 64, 8, 2, 2, 0.5
 
 
-def llama(kv_heads: int = 2) -> torch.nn.Module:
+def llama(kv_heads: int = 2, family: str = "Llama") -> torch.nn.Module:
+    """A tiny transformers decoder of the Llama family: Llama, Mistral (a sliding window
+    shorter than the sequence), Qwen2 (q/k/v biases; its second layer slides) or Qwen3
+    (per-head q/k norms)."""
     import transformers as tf
 
-    config = tf.LlamaConfig(
+    extra = {
+        "Mistral": {"sliding_window": SEQ // 2},
+        "Qwen2": {
+            "use_sliding_window": True, "sliding_window": SEQ // 2, "max_window_layers": 1,
+        },
+        "Qwen3": {"head_dim": 8},
+    }.get(family, {})  # fmt: skip
+    config = getattr(tf, f"{family}Config")(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=SEQ,
+        **extra,
     )  # fmt: skip
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return tf.LlamaForCausalLM(config).train()
+        return getattr(tf, f"{family}ForCausalLM")(config).train()
 
 
-def ulysses_case(rank: int, sp: int, tp: int, masked: bool, seed: int) -> list[str]:
+def ulysses_case(
+    rank: int, sp: int, tp: int, masked: bool, seed: int, family: str = "Llama"
+) -> list[str]:
     """STEPS SGD steps under sp x tp (every rank of an sp group the same batch): each
     loss and, after them, every parameter (tp shards gathered) equal the plain model's."""
     from megalith.booster import Booster
@@ -32,7 +45,7 @@ def ulysses_case(rank: int, sp: int, tp: int, masked: bool, seed: int) -> list[s
     from megalith.tensor_parallel import gather_full
 
     errors: list[str] = []
-    ref = llama()
+    ref = llama(family=family)
     model = copy.deepcopy(ref)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
     plugin = HybridParallelPlugin(
@@ -43,7 +56,7 @@ def ulysses_case(rank: int, sp: int, tp: int, masked: bool, seed: int) -> list[s
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     model, opt, *_ = booster.boost(model, opt)
     g = torch.Generator().manual_seed(seed)
-    what = f"sp {sp} tp {tp}{' masked' if masked else ''}"
+    what = f"{family} sp {sp} tp {tp}{' masked' if masked else ''}"
     for step in range(STEPS):
         ids = torch.randint(1, VOCAB, (BATCH, SEQ), generator=g)
         batch = {"input_ids": ids, "labels": ids}
@@ -71,15 +84,16 @@ def ulysses_case(rank: int, sp: int, tp: int, masked: bool, seed: int) -> list[s
     return errors
 
 
-def ulysses_grid(rank: int, settings: list[tuple[int, int, bool]], seed: int) -> list[str]:
+def ulysses_grid(rank: int, settings: list[tuple], seed: int) -> list[str]:
+    """settings: (sp, tp, masked) or (sp, tp, masked, family)."""
     import traceback
 
     torch.set_num_threads(1)
     errors = []
-    for sp, tp, masked in settings:
+    for sp, tp, masked, *family in settings:
         try:
-            errors += ulysses_case(rank, sp, tp, masked, seed)
+            errors += ulysses_case(rank, sp, tp, masked, seed, *family)
         except Exception as exc:  # every setting reports, not only the first to fail
             where = " / ".join(traceback.format_exc().strip().splitlines()[-4:])
-            errors.append(f"sp {sp} tp {tp}: {type(exc).__name__}: {exc} | {where}")
+            errors.append(f"{family} sp {sp} tp {tp}: {type(exc).__name__}: {exc} | {where}")
     return errors

@@ -65,11 +65,18 @@ def _split_checked(h: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
     return seq_split(h, group)
 
 
-def reduce_partial_grads(params: Iterable[nn.Parameter], group: ProcessGroup) -> None:
+def reduce_partial_grads(
+    params: Iterable[nn.Parameter], group: ProcessGroup, flag: str = "tp_grad_reduced"
+) -> None:
+    """All-reduces over group the gradients of params that saw only this rank's tokens,
+    once: `flag` marks those already reduced over this group's axis. The Megatron-style
+    mode splits the sequence over the tp group itself, so a parameter the tp policy
+    already reduces (tp_grad_reduced) is skipped; Ulysses splits it over its own sp
+    group, so every parameter is reduced there (flag "sp_grad_reduced")."""
     for p in params:
-        if p.requires_grad and not getattr(p, "tp_grad_reduced", False):
+        if p.requires_grad and not getattr(p, flag, False):
             add_grad_all_reduce(p, group)
-            p.tp_grad_reduced = True
+            setattr(p, flag, True)
 
 
 def add_grad_all_reduce(p: nn.Parameter, group: ProcessGroup) -> None:

@@ -1,5 +1,5 @@
 """All-to-all (Ulysses-style) sequence parallelism for megalith.models decoders and
-transformers' Llama (LlamaForCausalLM, LlamaModel: ulysses_hf.py).
+transformers' Llama family (Llama, Mistral, Qwen2, Qwen3; *ForCausalLM, *Model: ulysses_hf.py).
 
 Every rank of the sequence group holds the whole model and a shard of the
 sequence. Outside attention nothing needs the other tokens; inside it, an
@@ -28,6 +28,9 @@ import megalith_comm as comm
 from megalith_comm import ProcessGroup
 
 from .sequence import reduce_partial_grads, sequence_parallel_span
+
+#: marks a parameter whose gradient is already all-reduced over the sp group
+SP_FLAG = "sp_grad_reduced"
 
 
 def _all_to_all(x: torch.Tensor, scatter: int, gather: int, group: ProcessGroup) -> torch.Tensor:
@@ -150,7 +153,8 @@ def validate_ulysses(model: nn.Module, sp: int, tp: int = 1) -> None:
         raise ValueError(
             "all-to-all sequence parallelism supports megalith.models.GPTLMHeadModel, "
             "megalith.models.LlamaForCausalLM and transformers' LlamaForCausalLM and "
-            f"LlamaModel for now, not {cls.__module__}.{cls.__name__}; use "
+            "LlamaModel (and the Mistral, Qwen2 and Qwen3 ones) for now, not "
+            f"{cls.__module__}.{cls.__name__}; use "
             "sequence_parallelism_mode='split_gather' (with tp_size > 1) for other models"
         )
     heads = model.config.num_attention_heads if hf else model.config.n_heads
@@ -178,7 +182,7 @@ def apply_ulysses(model: nn.Module, group: ProcessGroup) -> nn.Module:
                 layer.self_attn, UlyssesHFLlamaAttention(layer.self_attn, group)
             )
         sequence_parallel_span(layers[0], layers[-1], group)
-        reduce_partial_grads([p for layer in layers for p in layer.parameters()], group)
+        reduce_partial_grads([p for layer in layers for p in layer.parameters()], group, SP_FLAG)
         return model
     gpt = isinstance(model, GPTLMHeadModel)
     for block in model.blocks:
@@ -189,5 +193,5 @@ def apply_ulysses(model: nn.Module, group: ProcessGroup) -> nn.Module:
                 block.self_attn, UlyssesLlamaAttention(block.self_attn, group)
             )
     sequence_parallel_span(model.blocks[0], model.blocks[-1], group)
-    reduce_partial_grads([p for b in model.blocks for p in b.parameters()], group)
+    reduce_partial_grads([p for b in model.blocks for p in b.parameters()], group, SP_FLAG)
     return model

@@ -1,18 +1,23 @@
-"""All-to-all (Ulysses) attention for transformers' Llama decoders (LlamaForCausalLM,
-LlamaModel), the module ulysses.apply_ulysses puts in each layer's `self_attn`.
+"""All-to-all (Ulysses) attention for transformers' Llama-family decoders (Llama, Mistral,
+Qwen2, Qwen3: *ForCausalLM and *Model), the module ulysses.apply_ulysses puts in each
+layer's `self_attn`.
 
-transformers' LlamaModel computes the rotary embeddings and the attention mask for the
+transformers' LlamaModel (and its Mistral / Qwen siblings) computes the rotary embeddings and the attention mask for the
 whole sequence before its first layer; the layers then run on this rank's sequence
 shard (ulysses.py splits it before the first layer). Here q, k and v are projected on
 the shard, rotated with this shard's rows of the whole sequence's cos / sin, k and v
 expanded to the query heads (so any kv-head count works with any sp dividing the query
 heads), exchanged to all tokens of heads / sp heads, attended with the model's own
 attention function (config._attn_implementation: its mask, scaling and dropout), and
-exchanged back before o_proj.
+exchanged back before o_proj. Qwen3's per-head q_norm / k_norm run on the shard before
+the rotation, as in its own attention; a sliding window (Mistral, Qwen2's sliding layers)
+goes to the attention function as the model's own attention passes it, and applies to
+whole-sequence positions since the exchange gives each rank every token.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -20,14 +25,17 @@ from torch import nn
 
 from megalith_comm import ProcessGroup
 
+from .policies.llama import FAMILIES
 from .ulysses import heads_to_seq, seq_to_heads
+
+#: transformers' decoders whose attention this module replaces (the Llama policy's families)
+HF_CLASSES = tuple(f + head for f in FAMILIES for head in ("ForCausalLM", "Model"))
 
 
 def is_hf_llama(model: nn.Module) -> bool:
+    """A transformers Llama-family decoder (Llama, Mistral, Qwen2, Qwen3)."""
     cls = type(model)
-    return cls.__name__ in ("LlamaForCausalLM", "LlamaModel") and cls.__module__.startswith(
-        "transformers."
-    )
+    return cls.__name__ in HF_CLASSES and cls.__module__.startswith("transformers.")
 
 
 def hf_layers(model: nn.Module) -> nn.ModuleList:
@@ -46,6 +54,15 @@ class UlyssesHFLlamaAttention(nn.Module):
         # k and v arrive expanded to the query heads: the attention function repeats nothing
         self.num_key_value_groups = 1
         self.group = group
+        # Qwen3's per-head norms (None elsewhere)
+        self.q_norm, self.k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        # Qwen2 sets it per layer (None on full-attention layers); Mistral reads its config
+        self.sliding_window = getattr(
+            attn, "sliding_window", getattr(attn.config, "sliding_window", None)
+        )
+        # the family's own rotation and eager attention (from its modeling module)
+        family = sys.modules[type(attn).__module__]
+        self.rotate, self.eager = family.apply_rotary_pos_emb, family.eager_attention_forward
 
     def forward(
         self,
@@ -56,10 +73,6 @@ class UlyssesHFLlamaAttention(nn.Module):
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-        from transformers.models.llama.modeling_llama import (
-            apply_rotary_pos_emb,
-            eager_attention_forward,
-        )
 
         # transformers makes an empty cache whenever config.use_cache is on (training too):
         # nothing to read from it; one already filled would hold other tokens' keys
@@ -77,16 +90,18 @@ class UlyssesHFLlamaAttention(nn.Module):
         q = self.q_proj(hidden_states).view(shape)
         k = self.k_proj(hidden_states).view(shape)
         v = self.v_proj(hidden_states).view(shape)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = position_embeddings  # the whole sequence's: this shard's rows
         cos, sin = cos[:, r * seq : (r + 1) * seq], sin[:, r * seq : (r + 1) * seq]
-        q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
+        q, k = self.rotate(q, k, cos, sin, unsqueeze_dim=2)
+        if self.sliding_window is not None:
+            kwargs.setdefault("sliding_window", self.sliding_window)
         if k.shape[2] != q.shape[2]:
             repeat = q.shape[2] // k.shape[2]
             k, v = k.repeat_interleave(repeat, dim=2), v.repeat_interleave(repeat, dim=2)
         q, k, v = (seq_to_heads(t, self.group).transpose(1, 2) for t in (q, k, v))
-        attend = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
+        attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, self.eager)
         y, _ = attend(
             self,
             q,
