@@ -37,9 +37,16 @@ def test_the_optimizer_keeps_the_chosen_states(dtype):
     ("argv", "fix"),
     [
         (("--optimizer", "lion"), "use --optimizer adamw, or --optim-state-dtype fp32"),
-        (("--plugin", "zero2"), "use --plugin ddp (HybridAdam keeps the lean states)"),
+        (("--plugin", "auto"), "kept by --plugin ddp, zero1, zero2 and gemini"),
     ],
 )
 def test_what_cannot_keep_lean_states_names_the_fix(argv, fix):
     with pytest.raises(ValueError, match=fix.replace("(", r"\(").replace(")", r"\)")):
         choices.check(_args("--optim-state-dtype", "int8", *argv))
+
+
+@pytest.mark.parametrize("plugin", ["zero1", "zero2", "gemini"])
+def test_zero_plugins_take_lean_states(plugin):
+    """ZeRO's chunks keep the optimizer's format (tests/zero/test_lean_chunk_states.py)."""
+    choices.check(_args("--optim-state-dtype", "int8", "--plugin", plugin))
+    choices.check(_args("--optim-state-dtype", "bf16", "--plugin", plugin, "--offload", "host"))

@@ -65,11 +65,12 @@ def check(args: argparse.Namespace) -> None:
             f"--optim-state-dtype {lean} with --optimizer {args.optimizer}; lean states are "
             "adamw's: use --optimizer adamw, or --optim-state-dtype fp32"
         )
-    if lean != "fp32" and getattr(args, "plugin", "ddp") not in ("ddp", None):
+    lean_plugins = ("ddp", "zero1", "zero2", "gemini", None)  # ZeRO chunks keep them too
+    if lean != "fp32" and getattr(args, "plugin", "ddp") not in lean_plugins:
         raise ValueError(
-            f"--optim-state-dtype {lean} with --plugin {args.plugin}; ZeRO's chunks keep fp32 "
-            "states so far: use --plugin ddp (HybridAdam keeps the lean states), or "
-            "--optim-state-dtype fp32"
+            f"--optim-state-dtype {lean} with --plugin {args.plugin}; lean states are kept by "
+            "--plugin ddp, zero1, zero2 and gemini (with or without --offload): use one of "
+            "them, or --optim-state-dtype fp32"
         )
     if args.betas is not None and args.optimizer == "sgd":
         raise ValueError("--betas is for --optimizer adamw or lion; sgd takes --momentum")

@@ -339,7 +339,10 @@ def capture_states(zopt: Any, writer: bool) -> tuple[list[tuple[str, torch.Tenso
         names = zopt.rule.state_names(groups[c.spec.group])
         c.ensure_states(names)
         for state in names:
-            flats.append((c, lambda c=c, state=state: c.states[state], torch.float32))
+            if c.state_dtype == "fp32":
+                flats.append((c, lambda c=c, state=state: c.states[state], torch.float32))
+            else:  # lean states go into the files as fp32, decoded into a new tensor
+                flats.append((c, lambda c=c, state=state: _decoded(c, state), torch.float32))
             keys.append((c, state))
     hosts, region, read_in_place = flat_sources(flats, zopt.model.group, writer, "optimizer", zopt)
     guard = None
@@ -357,6 +360,13 @@ def capture_states(zopt: Any, writer: bool) -> tuple[list[tuple[str, torch.Tenso
         _abandoned(region, guard)
         raise
     return views, _once(region, guard)
+
+
+def _decoded(chunk: Any, state: str) -> torch.Tensor:
+    """A lean-format chunk state as fp32 (megalith_core.optim.flat_states)."""
+    from megalith_core.optim import flat_states
+
+    return flat_states.to_fp32(chunk.states)[state]
 
 
 def _once(region: pinned_pool.Region | None, guard: InPlaceReads | None) -> Callable[[], None]:
