@@ -21,6 +21,7 @@ from .offload import auto_budget, auto_placement, make_offloader, make_tiers
 from .optimizer import ModelParallel, ZeroOptimizer
 from .param_gather import DeferredGathers
 from .stage3 import Stage3Hooks
+from .state_load import load_param_states, take_param_states
 from .streams import Streams
 
 
@@ -142,8 +143,10 @@ def shard(
 
     Every rank calls it with the same model and optimizer construction; rank 0's
     initial parameters are broadcast. The optimizer must be an Adam/AdamW, SGD or
-    Lion (torch's or megalith's); its state must be empty. Returns the model to
-    call and the optimizer to step: see ZeroOptimizer.
+    Lion (torch's or megalith's). One that has already stepped continues where it
+    was: its per-parameter states and step counts move into the shards (its param
+    groups, with their hyperparameters, are kept). Returns the model to call and the
+    optimizer to step: see ZeroOptimizer.
 
     model_parallel: when the model is itself split over other ranks (tensor-parallel
     shards, pipeline stages) and `group` holds the data-parallel replicas of this
@@ -184,12 +187,10 @@ def shard(
             "is in; train in bf16, or set step_in_backward=False"
         )
     rule = rule_for(optimizer)
-    if any(optimizer.state.values()):
-        raise ValueError(
-            "megalith_zero: the optimizer has already stepped; shard() wants a fresh one "
-            "(load its state with ZeroOptimizer.load_state_dict afterwards)"
-        )
     params = _param_groups(model, optimizer)
+    # An optimizer that has stepped: its states are taken out now (by name) and handed
+    # over into the chunks' shards once they exist, so training continues where it was.
+    handed = take_param_states(optimizer, [(n, p) for n, p, _ in params])
     if not params:
         raise ValueError("megalith_zero: the model has no parameters")
     devices = {p.device for _, p, _ in params}
@@ -275,4 +276,6 @@ def shard(
             config, budget, memory, chunks, offloader, keep
         )
     zmodel.optimizer, zopt.model = zopt, zmodel  # checkpoint functions take either
+    if handed:
+        load_param_states(zopt, handed)
     return zmodel, zopt

@@ -58,7 +58,7 @@ def shard_tensor_parallel(
     mesh = comm.Mesh(w, dp=w.world_size // tp_size, tp=tp_size, name="gemini")
     before = {id(p): name for name, p in model.named_parameters()}
     shard_model(model, mesh.group("tp"), gather_logits=True, policy=policy)
-    _replace_params(optimizer, model, before)
+    _replace_params(optimizer, model, before, mesh.group("tp"))  # states follow the shards
     _share_rng(mesh.group("tp"))
     first_tp = mesh.coord("tp") == 0
 

@@ -88,6 +88,7 @@ from .hybrid_args import (
 from .hybrid_mesh import PipelineStageManager, ProcessGroupMesh, singleton_groups
 from .hybrid_optimizer import HybridOptimizer, PipelineOptimizer, tp_grad_norm_sq
 from .hybrid_pipeline import PipelineModel, PipelineSettings, stage_balance
+from .param_states import follow_params, keep_states_of
 from .pp_plugin_base import PipelinePluginBase
 
 if TYPE_CHECKING:
@@ -474,10 +475,6 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
             policy.validate(model, self.tp_size)  # before the mesh's collectives
         if self.sp_mode == "all_to_all":
             validate_ulysses(model, self.sp_size, self.tp_size)
-        if optimizer is not None and any(optimizer.state.values()):
-            raise ValueError(
-                "HybridParallelPlugin: boost() wants an optimizer that has not stepped"
-            )
         model = model.to(w.device)
         before = {id(p): name for name, p in model.named_parameters()}
         self._build_mesh()
@@ -494,7 +491,8 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
             apply_ulysses(model, self.mesh.group("sp"))
         if self.checkpointing is not None:
             apply_checkpointing(model, self.checkpointing)
-        _replace_params(optimizer, model, before)
+        # an optimizer that has stepped: its states follow the tp shards (param_states.py)
+        _replace_params(optimizer, model, before, self.mesh.group("tp"))
         dp_group = self.mesh.group("dp")
         with torch.no_grad():
             for p in model.parameters():
@@ -572,6 +570,7 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
         if optimizer is not None:
             for group in optimizer.param_groups:
                 group["params"] = [p for p in group["params"] if id(p) in local]
+            keep_states_of(optimizer, local)
         pipeline.free_other_stages(model, pipe.module)  # this rank holds its stages only
         wrapped = PipelineModel(pipe, settings, self.precision, self.mesh, model)
         wrapped.uses_parts = parts is not None
@@ -709,17 +708,16 @@ def _share_rng(group: Any) -> None:
         torch.cuda.set_rng_state(cuda_state)
 
 
-def _replace_params(optimizer: Any, model: torch.nn.Module, before: dict[int, str]) -> None:
+def _replace_params(
+    optimizer: Any, model: torch.nn.Module, before: dict[int, str], tp: Any = None
+) -> None:
     """Points the optimizer at the sharded parameters.
 
     Sharding replaces Parameters (a shard is a new tensor), so the optimizer built on
-    the full model is re-pointed, each parameter by its name, which sharding keeps.
+    the full model is re-pointed, each parameter by its name, which sharding keeps; the
+    states of one that has stepped become their tp shards (param_states.py).
     """
-    if optimizer is None:
-        return
-    after = dict(model.named_parameters())
-    for group in optimizer.param_groups:
-        group["params"] = [after[before[id(p)]] if id(p) in before else p for p in group["params"]]
+    follow_params(optimizer, model, before, tp)
 
 
 __all__ = [

@@ -81,6 +81,13 @@ class _ZeroPlugin(StrategyPlugin, DPPluginBase):
         return self.strategy.zero_stage
 
     @property
+    def dp_rank_size(self) -> tuple[int, int]:
+        """This rank's data-parallel rank and the dp size: with tp_size > 1 the tp ranks
+        of one replica (neighbours in gemini_tp.py's mesh) take the same data."""
+        w = world()
+        return w.rank // self.tp_size, w.world_size // self.tp_size
+
+    @property
     def _offload(self) -> Any:
         """The megalith_offload.OffloadConfig, or None."""
         return self.strategy.offload

@@ -304,8 +304,6 @@ def optimizer_state_dict(zopt: Any) -> dict[str, Any]:
 
 def load_optimizer_state_dict(zopt: Any, state_dict: dict[str, Any]) -> None:
     """Each rank copies the slices of every state its shards hold; not collective."""
-    from megalith_zero.offload import resident_states
-
     index, groups = _numbering(zopt)
     saved_groups = state_dict["param_groups"]
     if len(saved_groups) != len(groups) or any(
@@ -316,25 +314,10 @@ def load_optimizer_state_dict(zopt: Any, state_dict: dict[str, Any]) -> None:
             f"({[len(g['params']) for g in saved_groups]} vs "
             f"{[len(g['params']) for g in groups]} parameters): a state dict of another model?"
         )
+    from megalith_zero.state_load import load_param_states
+
     saved = state_dict["state"]
-    rank = zopt.model.group.rank
-    zopt.reducer.wait()
-    with resident_states(zopt), torch.no_grad():
-        for c in zopt.trainable:
-            names = zopt.rule.state_names(zopt.optimizer.param_groups[c.spec.group])
-            c.ensure_states(names)
-            for st in c.states.values():
-                st.zero_()
-            entries = [saved.get(index[s.name], {}) for s in c.spec.slots]
-            c.steps = [int(e.get("step", 1 if e else 0)) for e in entries]
-            for seg in c.spec.segments(rank):
-                entry = entries[c.spec.slots.index(seg.slot)]
-                for n in names:
-                    if n in entry:
-                        src = entry[n].detach().reshape(-1)
-                        src = src[seg.param_start : seg.param_start + seg.length]
-                        dst = c.states[n][seg.shard_start : seg.shard_start + seg.length]
-                        dst.copy_(src)
+    load_param_states(zopt, {name: saved.get(i, {}) for name, i in index.items()})
     for g, s in zip(zopt.optimizer.param_groups, saved_groups):
         for k, v in s.items():
             if k != "params":
