@@ -107,8 +107,8 @@ class TiedParams:
         by_group: dict[tuple[int, ...], list[torch.Tensor]] = {}
         for holders, uses in self.ties:
             local = self._local(uses)
-            if not local:
-                continue
+            if not local or not any(p.requires_grad for p in local):
+                continue  # frozen (LoRA's base weights), alike on every holder: no gradient
             views = list(reduced(local)) if reduced is not None else None
             grads = views if views is not None else [p.grad for p in local if p.grad is not None]
             # Unused here: the share is zero, but the sum over the ranks must still run.

@@ -57,9 +57,10 @@ def save_lora_as_pretrained(
     state_dict: dict[str, torch.Tensor] | None = None,
 ) -> None:
     peft = _peft()
-    whole = model.unwrap(unwrap_peft=False) if hasattr(model, "unwrap") else model
-    if hasattr(whole, "whole"):  # a pipelined model: the stages' whole module
+    if hasattr(model, "whole"):  # a pipelined model: the stages' whole module
         whole = io.whole_module(model)
+    else:
+        whole = model.unwrap(unwrap_peft=False) if hasattr(model, "unwrap") else model
     if not isinstance(whole, peft.PeftModel):
         raise ValueError(
             f"save_lora_as_pretrained: the model is a {type(whole).__name__}, not a peft "

@@ -281,12 +281,14 @@ class PipelineModel(ModelWrapper):
         fp16: each micro-batch's loss is multiplied by loss_scale before its backward (the
         optimizer unscales); the loss returned is the unscaled one. keep_outputs: the last
         stage's outputs of the whole batch go to `last_outputs` (None on other ranks)."""
+        from megalith.tensor_parallel.lora import peft_base
         from megalith.tensor_parallel.policies.stages import model_inputs as stage_inputs
 
         pipe = self.pipe
         device = pipe.channels.device
-        if self.uses_parts:
-            inputs = {k: v.to(device) for k, v in stage_inputs(self.whole, batch).items()}
+        if self.uses_parts:  # the inputs the stages' (a peft model's base model's) forward takes
+            whole = peft_base(self.whole)
+            inputs = {k: v.to(device) for k, v in stage_inputs(whole, batch).items()}
             n = inputs["input_ids"].shape[0]
         else:
             inputs = model_inputs(batch)

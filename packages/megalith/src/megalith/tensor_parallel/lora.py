@@ -1,0 +1,134 @@
+"""peft LoRA adapters on a tensor-parallel model: each adapter split the way its base layer is.
+
+peft's LoRA layer computes  y = base(x) + B(A(x)) * scaling  (A: in -> r, B: r -> out,
+both nn.Linear). shard_with_adapters takes every LoRA layer's base layer out of its
+wrapper, lets the policy shard the bare model as it shards any other, puts each
+wrapper back around the layer the policy made, and splits the adapter to match it:
+
+- column-parallel base (output features split, q|k|v parts included): B is a
+  ColumnParallelLinear with the base's parts, input and output handling, so each
+  rank adds the slice of B(A(x)) that matches its slice of base(x). A is whole on
+  every rank; when x is already inside the tensor-parallel region (the policy entered
+  it once for q, k and v) A's gradient on each rank is only its slice's share, so A
+  all-reduces it (HeadRowsLinear over all rows); with the base's own input copy B's
+  copy_to_region of A(x) makes it whole instead.
+- row-parallel base (input features split): A is a RowParallelLinear with the base's
+  input handling, so A's partial products are all-reduced before B: every rank gets
+  the whole A(x) (r numbers per token, the only new communication) and B stays whole,
+  with the same gradient on every rank.
+- a replicated projection of which a rank uses some rows (HeadRowsLinear, grouped kv
+  heads): A whole, B's same rows, both with all-reduced gradients, as the base's.
+
+This is Megatron's split carried into the adapter: no rank holds or computes more of
+an adapter than its share of the base layer needs, the sums are the whole model's
+(losses equal plain peft's up to summation order), and the sharded adapters carry
+tp_spec, so checkpoints gather them to peft's full tensors like any other shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from megalith_comm import ProcessGroup
+
+from .linear import ColumnParallelLinear, HeadRowsLinear, RowParallelLinear
+
+
+def is_lora_layer(module: nn.Module) -> bool:
+    """A peft LoRA layer: its base_layer wrapped with lora_A / lora_B adapters."""
+    return hasattr(module, "base_layer") and hasattr(module, "lora_A") and hasattr(module, "lora_B")
+
+
+def peft_base(model: nn.Module) -> nn.Module:
+    """The model a policy shards: a peft PeftModel's base model (its LoRA layers inside),
+    else the model itself."""
+    if hasattr(model, "get_base_model") and hasattr(model, "peft_config"):
+        return model.get_base_model()
+    return model
+
+
+def shard_with_adapters(
+    model: nn.Module, group: ProcessGroup, shard: Callable[[], object], sequence_parallel: bool
+) -> None:
+    """Runs shard() (the policy's in-place sharding of `model`) with every LoRA layer's base
+    layer in the wrapper's place, then splits each adapter as its new base layer is split."""
+    wrappers = [(n, m) for n, m in model.named_modules() if is_lora_layer(m)]
+    if not wrappers:
+        shard()
+        return
+    if sequence_parallel:
+        raise NotImplementedError(
+            "LoRA adapters with sequence parallelism are not built yet (adapters on sequence "
+            "shards need their own gradient reductions); use enable_sequence_parallelism=False"
+        )
+    for name, wrapper in wrappers:
+        _check_plain(name, wrapper)
+        parent, attr = _parent(model, name)
+        setattr(parent, attr, wrapper.base_layer)
+    try:
+        shard()
+    finally:
+        for name, wrapper in wrappers:
+            parent, attr = _parent(model, name)
+            new_base = getattr(parent, attr)
+            setattr(parent, attr, wrapper)
+            if new_base is not wrapper.base_layer:
+                wrapper.base_layer = new_base
+                _split_adapters(name, wrapper, group)
+
+
+def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    path, _, attr = name.rpartition(".")
+    return (model.get_submodule(path) if path else model), attr
+
+
+def _check_plain(name: str, wrapper: nn.Module) -> None:
+    if getattr(wrapper, "lora_variant", None) or any(getattr(wrapper, "use_dora", {}).values()):
+        raise NotImplementedError(
+            f"{name}: LoRA variants (DoRA and the like) are not built under tensor "
+            "parallelism; use a plain LoraConfig (use_dora=False)"
+        )
+    if getattr(wrapper, "merged", False):
+        raise ValueError(f"{name}: the adapter is merged into its base layer; unmerge it first")
+
+
+def _split_adapters(name: str, wrapper: nn.Module, group: ProcessGroup) -> None:
+    base = wrapper.base_layer
+    for key in list(wrapper.lora_A.keys()):
+        a, b = wrapper.lora_A[key], wrapper.lora_B[key]
+        if isinstance(base, ColumnParallelLinear):
+            inside_region = base.input_comm != "copy"
+            wrapper.lora_B[key] = ColumnParallelLinear.from_linear(
+                b, group, parts=_parts(base, b), gather_output=base.gather_output,
+                input_comm=base.input_comm,
+            )  # fmt: skip
+            if inside_region:
+                wrapper.lora_A[key] = _reduced(a, group)
+        elif isinstance(base, RowParallelLinear):
+            wrapper.lora_A[key] = RowParallelLinear.from_linear(
+                a, group, input_is_parallel=base.input_is_parallel,
+                sequence_parallel=base.sequence_parallel,
+            )  # fmt: skip
+        elif isinstance(base, HeadRowsLinear):
+            wrapper.lora_A[key] = _reduced(a, group)
+            wrapper.lora_B[key] = HeadRowsLinear(b, group, base.rows)
+        else:
+            raise NotImplementedError(
+                f"{name}: a LoRA adapter on a {type(base).__name__} is not built under tensor "
+                "parallelism; leave this module out of LoraConfig(target_modules=...)"
+            )
+
+
+def _parts(base: ColumnParallelLinear, b: nn.Linear) -> tuple[int, ...]:
+    if sum(base.parts) != b.out_features:
+        raise ValueError(
+            f"LoRA B has {b.out_features} output features, its base layer {sum(base.parts)}"
+        )
+    return base.parts
+
+
+def _reduced(linear: nn.Linear, group: ProcessGroup) -> HeadRowsLinear:
+    """The whole linear on every rank with its gradient all-reduced over group."""
+    return HeadRowsLinear(linear, group, slice(0, linear.out_features))
