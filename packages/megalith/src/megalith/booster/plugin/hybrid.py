@@ -76,7 +76,7 @@ import torch
 from megalith.strategy import Parallel, Strategy, colossal_loss_scale
 
 from ..wrappers import ModelWrapper
-from .base import StrategyPlugin, check_precision, require, world
+from .base import StrategyPlugin, check_precision, peft_model, require, world
 from .checkpointing import apply_checkpointing, checkpoint_config
 from .hybrid_args import (
     SPEED_ONLY,
@@ -369,7 +369,20 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
         return True
 
     def support_lora(self) -> bool:
-        return False
+        """peft LoRA adapters split as their base layers are (tensor_parallel/lora.py), on
+        their own pipeline stage; only the adapters step."""
+        return True
+
+    def enable_lora(
+        self,
+        model: torch.nn.Module,
+        pretrained_dir: str | None = None,
+        lora_config: Any = None,
+        bnb_quantization_config: Any = None,
+    ) -> torch.nn.Module:
+        return peft_model(
+            type(self).__name__, model, pretrained_dir, lora_config, bnb_quantization_config
+        )
 
     def control_checkpoint_io(self) -> bool:
         return True
@@ -450,8 +463,12 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
 
     def _policy(self, model: torch.nn.Module) -> Any:
         """The tensor-parallel policy (needed for tp, and for pp to cut transformers
-        models into stages); None for a model no policy knows, under pp only."""
+        models into stages) of the model, or of a peft model's base model; None for a
+        model no policy knows, under pp only."""
         from megalith.tensor_parallel import policy_for
+        from megalith.tensor_parallel.lora import peft_base
+
+        model = peft_base(model)
 
         if self.custom_policy is not None:
             return self.custom_policy
@@ -467,12 +484,14 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
     def configure(self, model, optimizer, criterion, dataloader, lr_scheduler):
         import megalith_comm as comm
         from megalith.tensor_parallel import apply_ulysses, install_parallel_loss, shard_model
+        from megalith.tensor_parallel.lora import peft_base, shard_with_adapters
         from megalith.tensor_parallel.ulysses import validate_ulysses
 
         w = world()
         policy = self._policy(model)
+        base = peft_base(model)  # what the policy shards and cuts (model itself without peft)
         if self.tp_size > 1:
-            policy.validate(model, self.tp_size)  # before the mesh's collectives
+            policy.validate(base, self.tp_size)  # before the mesh's collectives
         if self.sp_mode == "all_to_all":
             validate_ulysses(model, self.sp_size, self.tp_size)
         model = model.to(w.device)
@@ -480,13 +499,16 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
         self._build_mesh()
         parallel_logits = False
         if self.tp_size > 1:
-            parallel_logits = self.parallel_output and policy.has_lm_head(model)
-            shard_model(
-                model, self.mesh.group("tp"), sequence_parallel=self.sequence_parallel,
-                gather_logits=not parallel_logits, policy=policy,
-            )  # fmt: skip
+            parallel_logits = self.parallel_output and policy.has_lm_head(base)
+            tp, sp = self.mesh.group("tp"), self.sequence_parallel
+
+            def shard() -> None:
+                shard_model(base, tp, sequence_parallel=sp, gather_logits=not parallel_logits,
+                            policy=policy)  # fmt: skip
+
+            shard_with_adapters(base, tp, shard, sp)  # peft adapters split as their layers
             if parallel_logits:
-                install_parallel_loss(model, self.mesh.group("tp"))
+                install_parallel_loss(base, tp)
         if self.sp_mode == "all_to_all":
             apply_ulysses(model, self.mesh.group("sp"))
         if self.checkpointing is not None:
@@ -549,7 +571,9 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
             "megalith_pipeline", "megalith-pipeline", "HybridParallelPlugin(pp_size>1)"
         )
         settings = self.pipeline
-        parts = policy.pipeline_parts(model) if policy is not None else None
+        from megalith.tensor_parallel.lora import peft_base
+
+        parts = policy.pipeline_parts(peft_base(model)) if policy is not None else None
         source = pipeline.PipelineParts(*parts) if parts is not None else model
         balance: Any = "layers"
         if self.num_layers_per_stage is not None:
