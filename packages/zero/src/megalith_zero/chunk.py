@@ -259,9 +259,11 @@ class FlatChunk:
     def complete(self) -> bool:
         return all(self.present)
 
-    def reduce(self, group: comm.ProcessGroup) -> comm.Handle:
-        """Starts averaging full_grad over the group (stage 1) or reduce-scattering
-        it into this rank's shard (stages 2, 3). finish_reduce() completes it."""
+    def begin_reduce(self) -> torch.Tensor:
+        """The bookkeeping of a reduction, before its collective: full_grad is whole
+        (parameters unused here contribute zeros); returns where this rank's reduced
+        shard goes (stage 1: shard_grad, in full_grad; stages 2, 3: shard_grad, or a
+        buffer finish_reduce() adds into it when accumulating)."""
         if self.full_grad is None:
             self.full_grad = self.memory.zeros(
                 "grads_in_flight", self.spec.numel, self.reduce_dtype
@@ -270,14 +272,20 @@ class FlatChunk:
             if not self.present[i]:  # unused here: contributes zeros
                 self.full_grad[slot.offset : slot.offset + slot.numel].zero_()
         self.present = [False] * len(self.spec.slots)
-        if self.stage == 1:
-            return comm.all_reduce(self.full_grad, op="avg", group=group, async_op=True)
-        if self.grad_valid:
-            out = self._reduce_out = self.memory.empty(
+        if self.stage != 1 and self.grad_valid:
+            self._reduce_out = self.memory.empty(
                 "grads_in_flight", self.spec.shard_numel, self.reduce_dtype
             )
-        else:
-            out = self.shard_grad
+            return self._reduce_out
+        return self.shard_grad
+
+    def reduce(self, group: comm.ProcessGroup) -> comm.Handle:
+        """Starts averaging full_grad over the group (stage 1) or reduce-scattering
+        it into this rank's shard (stages 2, 3). finish_reduce() completes it.
+        (With shard_each_param a bucket of chunks reduces as one: buckets.py.)"""
+        out = self.begin_reduce()
+        if self.stage == 1:
+            return comm.all_reduce(self.full_grad, op="avg", group=group, async_op=True)
         return comm.reduce_scatter(out, self.full_grad, op="avg", group=group, async_op=True)
 
     def finish_reduce(self) -> None:

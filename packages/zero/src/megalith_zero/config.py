@@ -46,11 +46,17 @@ class ZeroConfig:
     chunk_bytes: target size of a chunk (a group of consecutive parameters that
         is reduced, gathered and stepped as one flat buffer). 0 picks the size that
         wastes the fewest padding bytes (the engine's search) between 1 MiB and an
-        eighth of the model (at most 64 MiB, at least the largest parameter).
+        eighth of the model (at most 64 MiB, at least the largest parameter). With
+        shard_each_param: the size of a bucket (below).
     shard_each_param: every parameter is a chunk of its own, so a rank's shard of every
         parameter is its equal slice (padded to world * 16 elements): ColossalAI's
-        LowLevelZero partition. One reduction per parameter (chunk_bytes is unused);
-        the numbers are the same.
+        LowLevelZero partition. Masters, optimizer states and steps stay per parameter;
+        the gradient reductions and the parameter gathers after a step go a bucket of
+        consecutive parameters at a time, one collective each (ColossalAI's
+        reduce_bucket_size): up to chunk_bytes per bucket (a larger parameter alone;
+        chunk_bytes=1: one collective per parameter), or with chunk_bytes=0 the size
+        the search picks for chunks of this model. The numbers are bit-identical to one
+        collective per parameter ([Note: coalesced per-parameter shards] in buckets.py).
     prefetch: stage 3: how many chunks ahead of the running module are gathered.
     keep_gathered_bytes: stage 3: up to this many bytes of gathered chunks stay gathered
         from their use in forward to their use in backward instead of being freed and

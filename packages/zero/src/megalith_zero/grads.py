@@ -15,6 +15,10 @@ buffer only doubles the shard's (gradient accumulation at world 1 would hold twi
 model's gradients on the device): there the reduction, a local move into the shard, runs
 under no_sync too, so micro-batches accumulate into the shard. Such a backward still
 counts as not synchronised (no chunk is reported reduced: nothing is updated in it).
+
+With shard_each_param the unit of reduction is a bucket of consecutive one-parameter
+chunks, reduced as one collective once all of its chunks are complete ([Note: coalesced
+per-parameter shards] in buckets.py); the order above holds for buckets.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ import torch
 
 import megalith_comm as comm
 
+from .buckets import Reduction, reductions
 from .chunk import FlatChunk
 from .streams import Streams
 
-#: reductions left running while backward goes on; older ones are finished first.
+#: reductions (chunks or buckets) left running while backward goes on; older ones are
+#: finished first.
 MAX_IN_FLIGHT = 2
 
 
@@ -59,8 +65,14 @@ class GradReducer:
         self.sync = True
         #: reduce inside no_sync too ([Note: local accumulation])
         self._local = group.size == 1 and all(c.stage != 1 for c in self.chunks)
-        self._next = len(self.chunks) - 1
-        self._pending: list[tuple[FlatChunk, comm.Handle]] = []
+        #: what is reduced as one collective, in chunk order (see buckets.py)
+        self.units: list[Reduction] = reductions(self.chunks, group.size)
+        #: the position in self.chunks of each unit's first chunk
+        self._first = [0]
+        for unit in self.units[:-1]:
+            self._first.append(self._first[-1] + len(unit.chunks))
+        self._next = len(self.units) - 1
+        self._pending: list[tuple[Reduction, comm.Handle]] = []
         self._arrived = [0] * len(self.chunks)
         self._in_backward = False
         self._hooks = []
@@ -96,15 +108,21 @@ class GradReducer:
 
         return on_grad
 
+    def _complete(self, u: int) -> bool:
+        """Every parameter of unit u has delivered its gradient this backward."""
+        first = self._first[u]
+        return all(
+            self._arrived[first + j] == len(c.params) for j, c in enumerate(self.units[u].chunks)
+        )
+
     def _launch(self, until_complete: bool) -> None:
         while self._next >= 0:
-            k = self._next
-            if until_complete and self._arrived[k] < len(self.chunks[k].params):
+            if until_complete and not self._complete(self._next):
                 return
-            c = self.chunks[k]
+            unit = self.units[self._next]
             with self.streams.on(self.streams.reduce):
-                handle = c.reduce(self.group)
-            self._pending.append((c, handle))
+                handle = unit.start(self.group)
+            self._pending.append((unit, handle))
             self._next -= 1
             # Finish all but the newest few so their full-size gradient buffers go
             # back while backward continues (stages 2 and 3 keep only shards).
@@ -119,21 +137,21 @@ class GradReducer:
             self.wait()
         if self.sync:
             self.synced_backwards += 1
-        self._next = len(self.chunks) - 1
+        self._next = len(self.units) - 1
         self._arrived = [0] * len(self.chunks)
         if self.on_backward_end is not None:
             self.on_backward_end()
 
     def wait(self) -> None:
         pending, self._pending = self._pending, []
-        for c, handle in pending:
-            self._finish(c, handle)
+        for unit, handle in pending:
+            self._finish(unit, handle)
 
-    def _finish(self, c: FlatChunk, handle: comm.Handle) -> None:
-        handle.wait()
-        c.finish_reduce()
+    def _finish(self, unit: Reduction, handle: comm.Handle) -> None:
+        unit.finish(handle, self.group)
         if self.on_reduced is not None and self.sync:
-            self.on_reduced(c)
+            for c in unit.chunks:
+                self.on_reduced(c)
 
     def remove(self) -> None:
         for h in self._hooks:

@@ -67,6 +67,10 @@ class Chunk:
     numel: int  # padded: a multiple of world * ALIGN_ELEMENTS
     slots: tuple[Slot, ...]
     world: int
+    #: with shard_each_param: the bucket of consecutive chunks whose gradient reduction
+    #: and parameter gather are one collective ([Note: coalesced per-parameter shards]
+    #: in buckets.py); -1: the chunk's collectives are its own
+    bucket: int = -1
 
     @property
     def shard_numel(self) -> int:
@@ -129,18 +133,52 @@ def chunk_numel_for(numels: Sequence[int], chunk_bytes: int, element_bytes: int,
     return round_up(max(capacity // element_bytes, largest), align)
 
 
+def bucket_numel_for(
+    numels: Sequence[int], chunk_bytes: int, element_bytes: int, world: int
+) -> int:
+    """The capacity in elements of a bucket of one-parameter chunks (shard_each_param):
+    chunk_bytes of the working dtype when given (smaller than a parameter: that
+    parameter alone), else what chunk_numel_for would choose for chunks of the
+    one-parameter chunks' (padded) sizes: one bucket for a model of at most
+    SMALL_MODEL_BYTES."""
+    if chunk_bytes:
+        return chunk_bytes // element_bytes
+    align = world * ALIGN_ELEMENTS
+    return chunk_numel_for([round_up(n, align) for n in numels], 0, element_bytes, world)
+
+
+def _buckets(chunks: list[Chunk], capacity: int) -> list[Chunk]:
+    """Numbers consecutive trainable chunks into buckets of at most `capacity` padded
+    elements (a chunk larger than it: a bucket of its own), as ColossalAI fills its
+    reduce buckets: a chunk that would overflow the open bucket closes it."""
+    out, bucket, fill = [], -1, 0
+    for c in chunks:
+        if c.group < 0:  # frozen: never reduced nor gathered
+            out.append(c)
+            continue
+        if bucket < 0 or fill + c.numel > capacity:
+            bucket, fill = bucket + 1, 0
+        fill += c.numel
+        out.append(Chunk(c.index, c.group, c.numel, c.slots, c.world, bucket))
+    return out
+
+
 def plan(
     params: Sequence[tuple[str, torch.Tensor, int]],
     world: int,
     chunk_numel: int,
     shard_each_param: bool = False,
+    bucket_numel: int | None = None,
 ) -> Layout:
     """params: (name, parameter, param group) in model order.
 
     shard_each_param: every parameter is a chunk of its own, so each rank's shard
     is its equal slice of every parameter (ColossalAI's LowLevelZero partition,
-    which its users read through the optimizer's master parameters); one reduction
-    per parameter instead of per chunk.
+    which its users read through the optimizer's master parameters). Consecutive
+    chunks are grouped into buckets of up to bucket_numel elements (default:
+    chunk_numel) whose gradients reduce and whose parameters gather as one collective
+    ([Note: coalesced per-parameter shards] in buckets.py); bucket_numel=0: one
+    collective per parameter.
 
     Walking the model in order, each param group keeps one open chunk; a
     parameter that does not fit closes it. Chunks are then numbered by their
@@ -184,4 +222,6 @@ def plan(
         close(group)
     chunks.sort(key=lambda c: c.slots[0].param)
     chunks = [Chunk(i, c.group, c.numel, c.slots, world) for i, c in enumerate(chunks)]
+    if shard_each_param:
+        chunks = _buckets(chunks, chunk_numel if bucket_numel is None else bucket_numel)
     return Layout(world, tuple(chunks), tuple(name for name, _, _ in params))

@@ -18,6 +18,7 @@ from megalith_core.optim.rules import Rule
 from .chunk import FlatChunk
 from .config import ZeroConfig
 from .grads import GradReducer
+from .param_gather import gather_params
 from .tiers import ChunkUpdate, Tier
 
 
@@ -369,16 +370,8 @@ class ZeroOptimizer:
         gathers] in param_gather.py)."""
         if self.gather_group.size == 1:
             return  # the shard is the whole of `full`: the update already wrote it
-        handles = []
-        for c in self.trainable if chunks is None else chunks:
-            mine = c.shard.clone()  # the shard is a view of full, the all-gather's output
-            handle = comm.all_gather(c.full, mine, group=self.gather_group, async_op=True)
-            if defer:
-                self.deferred.add(c.spec.index, handle, mine)
-            else:
-                handles.append(handle)
-        for h in handles:
-            h.wait()
+        todo = self.trainable if chunks is None else chunks
+        gather_params(todo, self.gather_group, self.deferred if defer else None)
 
     def _end_step(self) -> None:
         self._stepped_early.clear()

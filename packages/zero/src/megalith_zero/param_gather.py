@@ -17,6 +17,11 @@ before the step. That is why the switch is opt-in, as ColossalAI's overlap_allga
 is. Code that reads parameters between step() and the next forward (an EMA of the
 weights, a checkpoint load) calls ZeroModel.wait_params() first; megalith_zero's own
 checkpoint loaders do.
+
+With shard_each_param the gathers go a bucket at a time ([Note: coalesced per-parameter
+shards] in buckets.py): a module waits for the whole bucket that holds its parameters,
+and every bucket's gathered copy is held until its wait (at most the model's working
+parameters once more, between step() and the end of the next forward).
 """
 
 from __future__ import annotations
@@ -29,12 +34,52 @@ import torch
 
 import megalith_comm as comm
 
+from .buckets import gather_units, start_gather
+from .chunk import FlatChunk
+
+#: gathers left running in the plain (not deferred) path; older ones are finished first
+MAX_IN_FLIGHT = 2
+
+
+class _Gather:
+    """One all-gather in flight: its handle, its input (alive until waited for) and the
+    copies that follow the wait."""
+
+    def __init__(self, handle: comm.Handle, source: torch.Tensor, then: Callable[[], None] | None):
+        self.handle, self.source, self.then = handle, source, then
+        self.done = False
+
+    def wait(self) -> None:
+        if not self.done:
+            self.handle.wait()
+            if self.then is not None:
+                self.then()
+            self.done, self.source = True, None
+
+
+def gather_params(
+    chunks: list[FlatChunk], group: comm.ProcessGroup, deferred: DeferredGathers | None = None
+) -> None:
+    """Every rank's updated shard of `chunks` into everyone's `full` (stages 1, 2), a
+    bucket at a time with shard_each_param. deferred: leave the waits to the modules."""
+    running: list[_Gather] = []
+    for unit in gather_units(chunks):
+        gather = _Gather(*start_gather(unit, group))
+        if deferred is not None:
+            deferred.add([c.spec.index for c in unit], gather)
+            continue
+        running.append(gather)
+        while len(running) > MAX_IN_FLIGHT:
+            running.pop(0).wait()
+    for gather in running:
+        gather.wait()
+
 
 class DeferredGathers:
     def __init__(self, module: torch.nn.Module, param_chunk: dict[int, int]):
         """param_chunk: id(parameter) -> index of the chunk that holds it."""
-        # chunk index -> (handle, the gather's input, kept alive until it is waited for)
-        self._pending: dict[int, tuple[comm.Handle, torch.Tensor]] = {}
+        # chunk index -> the gather that fills it (one for all chunks of a bucket)
+        self._pending: dict[int, _Gather] = {}
         self._hooks = []
         for mod in module.modules():
             own = [p for p in mod._parameters.values() if p is not None]
@@ -54,13 +99,14 @@ class DeferredGathers:
 
         return before_forward
 
-    def add(self, k: int, handle: comm.Handle, source: torch.Tensor) -> None:
-        self._pending[k] = (handle, source)
+    def add(self, ks: list[int], gather: _Gather) -> None:
+        for k in ks:
+            self._pending[k] = gather
 
     def wait(self, k: int) -> None:
-        entry = self._pending.pop(k, None)
-        if entry is not None:
-            entry[0].wait()
+        gather = self._pending.pop(k, None)
+        if gather is not None:
+            gather.wait()
 
     def wait_all(self) -> None:
         for k in list(self._pending):

@@ -11,6 +11,9 @@ LowLevelZeroPlugin lays every parameter out as a chunk of its own (megalith_zero
 shard_each_param), so a rank's shard of a parameter is its equal slice, padded to a
 whole number of aligned shards: that shard's fp32 master is what ColossalAI's
 working_to_master_param maps the parameter to, and the state tensors have its length.
+The gradient reductions and the parameter gathers still go a bucket of consecutive
+parameters at a time, one collective per reduce_bucket_size_in_m MiB (megalith_zero's
+buckets.py), bit-identical to one per parameter.
 """
 
 from __future__ import annotations
