@@ -262,12 +262,31 @@ class GeneralCheckpointIO(CheckpointIO):
             if isinstance(g.get("betas"), list):
                 g["betas"] = tuple(g["betas"])
         optim.load_state_dict({"state": state, "param_groups": groups})
+        if getattr(optimizer, "fp32_states", False):  # torch's load cast them to bf16
+            restore_fp32_states(optim, state)
         scaler = getattr(optimizer, "scaler", None)
         if scaler is not None and meta.get("grad_scaler"):
             scaler.load_state_dict(meta["grad_scaler"])
         loss_scaler = getattr(optimizer, "loss_scaler", None)
         if loss_scaler is not None and meta.get("loss_scale"):
             loss_scaler.load_state_dict(meta["loss_scale"])
+
+
+def restore_fp32_states(optim: torch.optim.Optimizer, state: dict[int, dict[str, Any]]) -> None:
+    """After optim.load_state_dict(state): each state the loaded values in fp32.
+
+    torch's Optimizer.load_state_dict casts every state to its parameter's dtype; an
+    optimizer that steps half-precision parameters through fp32 masters (HybridOptimizer
+    at zero_stage 0) keeps its states fp32, so they are put back from `state` (torch's
+    numbering: parameters in param-group order), copied, uncast."""
+    params = [p for g in optim.param_groups for p in g["params"]]
+    for i, entry in state.items():
+        held = optim.state.get(params[i])
+        if not held:
+            continue
+        for k, v in entry.items():
+            if k != "step" and k in held and torch.is_tensor(v) and v.is_floating_point():
+                held[k] = v.detach().to(device=held[k].device, dtype=torch.float32, copy=True)
 
 
 def write_optimizer_files(files: OptimizerFiles, directory: Path, max_shard_bytes: int) -> None:

@@ -94,7 +94,18 @@ class HybridOptimizer(OptimizerWrapper):
         return self.optim.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's load, but with fp32 masters the states stay fp32 (torch casts each to
+        its parameter's dtype: bf16 for a bf16 model)."""
         self.optim.load_state_dict(state_dict)
+        if self.fp32_states:
+            from ..checkpoint_io.general import restore_fp32_states
+
+            restore_fp32_states(self.optim, state_dict["state"])
+
+    @property
+    def fp32_states(self) -> bool:
+        """Half-precision parameters stepped through fp32 masters: the states are fp32."""
+        return self._masters is not None
 
     def get_grad_norm(self, norm_type: float = 2.0, **kwargs: Any) -> float | None:
         """The whole model's gradient norm from the last clipping (max_norm or
