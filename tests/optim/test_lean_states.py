@@ -72,10 +72,13 @@ def assert_params(got: torch.Tensor, want: np.ndarray, before: np.ndarray) -> No
 
 
 def assert_codes(got: np.ndarray, position: np.ndarray) -> None:
-    """Codes equal rint(position) but where fp32 and fp64 straddle a boundary."""
+    """Codes equal rint(position) but where fp32 and fp64 straddle a boundary (one in
+    1e3 at most; a 257-element tensor may hold one or two)."""
     d = np.abs(got.astype(np.int64) - np.rint(position).astype(np.int64))
     assert d.max() <= 1
-    assert d.mean() <= 1e-3, f"{d.mean():.2%} of codes differ from the fp64 rule"
+    assert d.sum() <= max(2, 1e-3 * d.size), (
+        f"{d.sum()} of {d.size} codes differ from the fp64 rule"
+    )
 
 
 def step_kwargs(**kw):

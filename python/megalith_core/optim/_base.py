@@ -34,19 +34,14 @@ class EngineOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     # -- shared -----------------------------------------------------------
-    def _check_param(self, p: torch.Tensor, index: int) -> None:
+    def _check_param(self, p: torch.Tensor, index: int, group: dict[str, Any]) -> None:
         name = type(self).__name__
         if p.device.type not in self.devices:
             raise ValueError(
                 f"{name}: parameter {index} (shape {list(p.shape)}) is on {p.device}; {name} steps "
                 f"{' and '.join(sorted(self.devices))} parameters. {self.other_device_hint}"
             )
-        if p.dtype != torch.float32:
-            raise TypeError(
-                f"{name}: parameter {index} (shape {list(p.shape)}) is {p.dtype}; the engine keeps "
-                "fp32 parameters and optimizer states. Keep the model in fp32 and use autocast, or "
-                "let megalith_zero's mixed precision hold bf16/fp16 copies."
-            )
+        self._check_dtype(p, index, group)
         g = p.grad
         if g.is_sparse:
             raise ValueError(f"{name}: parameter {index} has a sparse gradient; not supported")
@@ -54,6 +49,15 @@ class EngineOptimizer(torch.optim.Optimizer):
             raise ValueError(
                 f"{name}: parameter {index} or its gradient is not contiguous; the fused kernels "
                 "need contiguous memory (use .contiguous() on the parameter data)"
+            )
+
+    def _check_dtype(self, p: torch.Tensor, index: int, group: dict[str, Any]) -> None:
+        name = type(self).__name__
+        if p.dtype != torch.float32:
+            raise TypeError(
+                f"{name}: parameter {index} (shape {list(p.shape)}) is {p.dtype}; the engine keeps "
+                "fp32 parameters and optimizer states. Keep the model in fp32 and use autocast, or "
+                "let megalith_zero's mixed precision hold bf16/fp16 copies."
             )
 
     @torch.no_grad()
@@ -75,7 +79,7 @@ class EngineOptimizer(torch.optim.Optimizer):
                 index += 1
                 if p.grad is None:
                     continue
-                self._check_param(p, index - 1)
+                self._check_param(p, index - 1, group)
                 state = self.state[p]
                 if len(state) == 0:
                     self._init_state(p, state, group)

@@ -20,6 +20,22 @@ state_dict() keeps the chosen format (bf16 tensors, or the int8/uint8 codes
 with 'exp_avg_scale'/'exp_avg_sq_scale', and 'state_dtype' in each param
 group); load_state_dict() converts any of them (and torch.optim's fp32 states)
 into this optimizer's format, so resuming in the same format is bit-identical.
+
+``master_dtype="bf16"`` steps bf16 parameters in place as bf16 masters with a
+bf16 Kahan compensation (the per-parameter state 'param_comp'; the engine's
+bf16_kahan master format): the master costs 4 B (value + compensation) instead
+of an fp32 master's 4 B plus the bf16 model copy's 2 B, and hi + lo carries
+about 16 mantissa bits. Bytes per parameter, model weight included:
+
+    master_dtype                 state_dtype "fp32"   "bf16"   "int8"
+    "fp32", fp32 model (4 + states)            12 B      8 B    ~6.03 B
+    "fp32", bf16 model + fp32 master (6 + s)   14 B     10 B    ~8.03 B
+    "bf16", bf16 model + comp (2 + 2 + s)      12 B      8 B    ~6.03 B
+
+fp32 parameters with master_dtype="bf16" are refused. state_dict() keeps
+'param_comp' and 'master_dtype'; a checkpoint without them starts the
+compensation at zero. With fp32 masters (the default) neither appears: the
+param groups, states and steps are those of the optimizer before master_dtype.
 """
 
 from __future__ import annotations
@@ -55,9 +71,16 @@ class _EngineAdam(EngineOptimizer):
         nvme_offload_dir: str | None = None,
         state_dtype: str = "fp32",
         seed: int = 0,
+        master_dtype: str = "fp32",
     ) -> None:
         name = type(self).__name__
         lean_states.check_state_dtype(name, state_dtype)
+        lean_states.check_master_dtype(name, master_dtype)
+        if amsgrad and master_dtype != "fp32":
+            raise ValueError(
+                f"{name}: amsgrad needs fp32 masters (got master_dtype={master_dtype!r}); "
+                "pass master_dtype='fp32' or amsgrad=False"
+            )
         if amsgrad and state_dtype != "fp32":
             raise ValueError(
                 f"{name}: amsgrad needs fp32 states (got state_dtype={state_dtype!r}); "
@@ -110,7 +133,13 @@ class _EngineAdam(EngineOptimizer):
             state_dtype=state_dtype,
             seed=seed,
         )
+        if master_dtype != "fp32":  # fp32 masters leave the param groups as they were
+            defaults["master_dtype"] = master_dtype
         super().__init__(params, defaults)
+        if master_dtype != "fp32":
+            for group in self.param_groups:
+                for index, p in enumerate(group["params"]):
+                    self._check_master(p, index, group)
 
     _default_decoupled: ClassVar[bool] = True
 
@@ -126,20 +155,55 @@ class _EngineAdam(EngineOptimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads a state dict of any state format into this optimizer's format
-        (each param group keeps its state_dtype; see the module doc)."""
-        wanted = [g["state_dtype"] for g in self.param_groups]
+        (each param group keeps its state_dtype and master_dtype; see the module doc)."""
+        wanted = [(g["state_dtype"], _master_dtype(g)) for g in self.param_groups]
+        bf16 = any(master == "bf16" for _, master in wanted)
+        saved = _saved_states(self.param_groups, state_dict) if bf16 else {}
         super().load_state_dict(state_dict)
-        for group, state_dtype in zip(self.param_groups, wanted):
+        for group, (state_dtype, master_dtype) in zip(self.param_groups, wanted):
             group["state_dtype"] = state_dtype
+            if master_dtype == "fp32":  # fp32 masters: no key, as before master_dtype
+                group.pop("master_dtype", None)
+            else:
+                group["master_dtype"] = master_dtype
             for p in group["params"]:
                 state = self.state.get(p)
                 if state and "exp_avg" in state:
+                    if master_dtype == "bf16":
+                        _keep_saved_dtypes(state, saved.get(id(p), {}), p)
                     # torch.optim casts every state to the param's dtype on load: bf16
                     # states and int8/uint8 codes arrive as exact fp32 and go back here.
                     lean_states.convert(state, state_dtype)
+                    if master_dtype == "bf16" and "param_comp" not in state:
+                        state["param_comp"] = torch.zeros_like(p, dtype=torch.bfloat16)
+                    elif master_dtype == "fp32" and "param_comp" in state:
+                        del state["param_comp"]  # a bf16-master checkpoint's
+
+    def _check_master(self, p: torch.Tensor, index: int, group: dict[str, Any]) -> None:
+        if _master_dtype(group) == "bf16" and p.dtype != torch.bfloat16:
+            raise TypeError(
+                f"{type(self).__name__}: parameter {index} (shape {list(p.shape)}) is {p.dtype}; "
+                "master_dtype='bf16' steps bf16 parameters as their own masters (Kahan "
+                "compensated). Pass bf16 parameters (model.to(torch.bfloat16)), or "
+                "master_dtype='fp32'"
+            )
+
+    def _check_dtype(self, p: torch.Tensor, index: int, group: dict[str, Any]) -> None:
+        if _master_dtype(group) == "bf16":
+            self._check_master(p, index, group)
+        else:
+            super()._check_dtype(p, index, group)
 
     def _init_state(self, p: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         state["step"] = new_step_tensor()
+        if _master_dtype(group) == "bf16":  # bf16 params, fp32 or lean states, comp
+            if group["state_dtype"] != "fp32":
+                state.update(lean_states.new_states(p, group["state_dtype"]))
+            else:
+                state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+            state["param_comp"] = torch.zeros_like(p, dtype=torch.bfloat16)
+            return  # amsgrad is refused with bf16 masters
         if group["state_dtype"] != "fp32":
             state.update(lean_states.new_states(p, group["state_dtype"]))
             return
@@ -179,10 +243,35 @@ class _EngineAdam(EngineOptimizer):
             grad_scale=grad_scale,
             exp_avg_scales=[s["exp_avg_scale"] for s in states] if q8 else None,
             exp_avg_sq_scales=[s["exp_avg_sq_scale"] for s in states] if q8 else None,
+            param_comps=[s["param_comp"] for s in states]
+            if _master_dtype(group) == "bf16"
+            else None,
             seed=group["seed"],
         )
         increment_steps(states)
         return found
+
+
+def _master_dtype(group: dict[str, Any]) -> str:
+    """A param group's master_dtype: only groups with bf16 masters carry the key."""
+    return group.get("master_dtype", "fp32")
+
+
+def _saved_states(groups: list[dict[str, Any]], state_dict: dict[str, Any]) -> dict[int, dict]:
+    """The checkpoint's per-parameter states keyed by id() of the parameter they load into
+    (torch.optim's order-based mapping), before torch casts them to the parameter's dtype."""
+    ours = [p for g in groups for p in g["params"]]
+    theirs = [i for g in state_dict["param_groups"] for i in g["params"]]
+    return {id(p): state_dict["state"].get(i, {}) for p, i in zip(ours, theirs)}
+
+
+def _keep_saved_dtypes(state: dict[str, Any], saved: dict[str, Any], p: torch.Tensor) -> None:
+    """torch.optim.load_state_dict casts states to a bf16 parameter's dtype: fp32 states
+    of a bf16 master would lose their low bits. Takes them as saved instead."""
+    for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+        value = saved.get(name)
+        if torch.is_tensor(value) and value.is_floating_point():
+            state[name] = value.to(device=p.device, copy=True)
 
 
 class CPUAdam(_EngineAdam):

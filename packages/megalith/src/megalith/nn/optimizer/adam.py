@@ -15,7 +15,11 @@ them with the same rule), with three differences of ColossalAI's surface:
   states kept in the parameter's dtype (fp32_shadows.py).
 
 All three take megalith's ``state_dtype="fp32"|"bf16"|"int8"`` (lean Adam states:
-12, 8 or ~6 bytes per fp32 parameter with its master; see megalith_core.optim.adam).
+12, 8 or ~6 bytes per fp32 parameter with its master; see megalith_core.optim.adam)
+and ``master_dtype="fp32"|"bf16"``: with "bf16", bf16 parameters are their own masters,
+stepped with a bf16 Kahan compensation (state 'param_comp', 2 B) by the engine instead
+of through an fp32 shadow: 2 + 2 + 8 / 4 / ~2.03 B per parameter (fp32 / bf16 / int8
+states). fp32 parameters with master_dtype="bf16" are refused.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ _TORCH_KEYWORDS = frozenset(
         "differentiable",
         "state_dtype",
         "seed",
+        "master_dtype",
     }
 )
 
@@ -83,7 +88,7 @@ class _HalfParams:
 
     def step(self, closure: Callable[[], float] | None = None, div_scale: float = -1.0) -> Any:
         groups = self.param_groups
-        if not any(p.grad is not None and needs_shadow(p) for g in groups for p in g["params"]):
+        if not any(p.grad is not None and needs_shadow(p, g) for g in groups for p in g["params"]):
             return super().step(closure, div_scale=div_scale)  # type: ignore[misc]
         loss = None
         if closure is not None:  # the gradients first, then the shadows take them
@@ -114,6 +119,7 @@ class CPUAdam(_HalfParams, _CPUAdam):
         nvme_offload_dir: str | None = None,
         *,
         state_dtype: str = "fp32",
+        master_dtype: str = "fp32",
     ) -> None:
         _engine_kwargs(type(self).__name__, nvme_offload_fraction, nvme_offload_dir, {})
         super().__init__(
@@ -125,6 +131,7 @@ class CPUAdam(_HalfParams, _CPUAdam):
             adamw_mode=adamw_mode,
             bias_correction=bias_correction,
             state_dtype=state_dtype,
+            master_dtype=master_dtype,
         )
 
 
@@ -184,6 +191,7 @@ class FusedAdam(_HalfParams, _FusedAdam):
         set_grad_none: bool = True,
         *,
         state_dtype: str = "fp32",
+        master_dtype: str = "fp32",
     ) -> None:
         super().__init__(
             params,
@@ -195,6 +203,7 @@ class FusedAdam(_HalfParams, _FusedAdam):
             adamw_mode=adamw_mode,
             bias_correction=bias_correction,
             state_dtype=state_dtype,
+            master_dtype=master_dtype,
         )
         self.set_grad_none = set_grad_none
 

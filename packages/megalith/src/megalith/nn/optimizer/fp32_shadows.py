@@ -46,8 +46,11 @@ def _is_dtensor(t: Any) -> bool:
     return cls is not None and isinstance(t, cls)
 
 
-def needs_shadow(p: torch.Tensor) -> bool:
-    """A parameter an fp32 engine kernel cannot step in place."""
+def needs_shadow(p: torch.Tensor, group: dict[str, Any] | None = None) -> bool:
+    """A parameter an fp32 engine kernel cannot step in place. A plain bf16 parameter
+    of a group with master_dtype="bf16" is stepped in place (its Kahan compensation)."""
+    if group is not None and group.get("master_dtype") == "bf16" and not _is_dtensor(p):
+        return False
     return p.dtype in HALF or _is_dtensor(p)
 
 
@@ -92,7 +95,7 @@ class Fp32Shadows:
             lean = group.get("state_dtype", "fp32") != "fp32"
             params = []
             for p in group["params"]:
-                if p.grad is None or not needs_shadow(p):
+                if p.grad is None or not needs_shadow(p, group):
                     params.append(p)
                     continue
                 local = _local(p)
