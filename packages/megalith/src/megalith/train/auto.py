@@ -3,10 +3,12 @@ predicted-against-measured lines.
 
 The global batch is what the other plugins would train: --batch-size sequences per rank
 times the ranks, of --seq-len tokens; each data-parallel rank of the plan feeds its share
-(loop.py asks the plugin for dp_rank_size). The plan has no pipeline (the loop steps
-without booster.execute_pipeline); --activation-checkpointing fixes checkpointing to
-every layer, --device-budget-gb / --host-budget-gb are the memory it plans for, and
-offloading is the planner's to choose (--offload and its options are refused).
+(loop.py asks the plugin for dp_rank_size). A plan with pp > 1 is trained through
+booster.execute_pipeline (pipeline_steps.py), its micro-batches the plan's;
+--activation-checkpointing fixes checkpointing to every layer, --plan-fix fixes any
+other knob (pp=2,schedule=zbv), --device-budget-gb / --host-budget-gb are the memory it
+plans for, and offloading is the planner's to choose (--offload and its options are
+refused). plan.json records the fixed knobs under "fixed".
 
 Measured step time: the mean `step_s` of metrics.jsonl's steady steps (the summary's
 figure). Measured peak memory: torch.cuda.max_memory_allocated on GPUs; on CPU ranks the
@@ -53,6 +55,41 @@ def check_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and not value > 0:
             raise ValueError(f"--{name.replace('_', '-')} {value}; expected a positive size")
+    fixed_knobs(args)
+
+
+def _value(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def fixed_knobs(args: argparse.Namespace) -> dict[str, Any]:
+    """The plan's fixed knobs: --plan-fix KNOB=VALUE,... and --activation-checkpointing
+    (ValueError naming a malformed or unknown knob)."""
+    from megalith.autoparallel.space import KNOBS
+
+    fixed: dict[str, Any] = {}
+    text = getattr(args, "plan_fix", None) or ""
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, eq, value = item.partition("=")
+        name = name.strip()
+        if not eq or not value.strip():
+            raise ValueError(f"--plan-fix {text!r}: {item!r} is not KNOB=VALUE (e.g. pp=2)")
+        if name not in KNOBS:
+            raise ValueError(f"--plan-fix: unknown knob {name!r}; the knobs are {', '.join(KNOBS)}")
+        fixed[name] = _value(value.strip())
+    if getattr(args, "activation_checkpointing", False):
+        if fixed.get("ckpt", 1.0) != 1.0:
+            raise ValueError(
+                f"--plan-fix ckpt={fixed['ckpt']} with --activation-checkpointing (every "
+                "layer); give one of them"
+            )
+        fixed["ckpt"] = 1.0
+    return fixed
 
 
 def make_plugin(args: argparse.Namespace, world_size: int, precision: str) -> Any:
@@ -62,18 +99,19 @@ def make_plugin(args: argparse.Namespace, world_size: int, precision: str) -> An
         seq_len=args.seq_len,
         global_batch_tokens=args.batch_size * args.seq_len * world_size,
         precision=precision,
-        max_pp=1,
+        max_pp=None,
         device_budget_gb=args.device_budget_gb,
         host_budget_gb=args.host_budget_gb,
         max_norm=args.max_norm,
-        constraints={"ckpt": 1.0} if args.activation_checkpointing else None,
+        constraints=fixed_knobs(args) or None,
     )
 
 
 def write_plan(run_dir: Path, plugin: Any) -> Path:
-    """runs/NAME/plan.json: {"chosen": candidate, "candidates": runner-ups, ...}."""
+    """runs/NAME/plan.json: {"chosen": candidate, "candidates": runner-ups, "fixed": the
+    knobs fixed by --plan-fix / --activation-checkpointing, ...}."""
     path = run_dir / "plan.json"
-    atomic_write_json(path, plugin.plan.to_json(), indent=1)
+    atomic_write_json(path, {**plugin.plan.to_json(), "fixed": plugin.constraints}, indent=1)
     return path
 
 

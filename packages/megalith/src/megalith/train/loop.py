@@ -17,7 +17,7 @@ import torch
 import megalith_comm as comm
 from megalith.strategy import Strategy
 
-from . import auto, choices, finetune, state, tokenize
+from . import auto, choices, finetune, pipeline_steps, state, tokenize
 from . import compile as run_compile
 from . import config as run_config
 from . import corpus as text
@@ -110,10 +110,14 @@ def _validate(
     seq: int,
 ) -> float:
     total = torch.zeros((), dtype=torch.float64)
+    pipelined = pipeline_steps.is_pipelined(model)
     for i in range(args.eval_batches):
         g = text.batch_generator(args.seed, i, rank, "val")
         ids = text.batch(data.val, args.batch_size, seq, g).to(device)
-        total += float(model(ids, labels=ids)[0])
+        if pipelined:
+            total += pipeline_steps.eval_loss(model, ids)
+        else:
+            total += float(model(ids, labels=ids)[0])
     total /= args.eval_batches
     comm.all_reduce(total, op="avg")
     return float(total)
@@ -259,6 +263,7 @@ def _loop(run: Run) -> int:
     # each data-parallel rank feeds its share of the global batch (all ranks but under tp/sp)
     dp_rank, dp = booster.plugin.dp_rank_size
     per_rank = args.batch_size * size // dp
+    pipelined = pipeline_steps.is_pipelined(model)  # a pp > 1 plan: execute_pipeline
     last_val = float("nan")
     ckpt_path = None
     stopped = None
@@ -273,8 +278,10 @@ def _loop(run: Run) -> int:
         ids = ids.to(device)
         t0 = time.perf_counter()
         logged = torch.zeros((), dtype=torch.float64)
+        if pipelined:
+            logged = pipeline_steps.train_step(booster, model, optimizer, ids, accum)
         # equal micro-batches: the mean of their mean losses is the whole batch's
-        for i, micro in enumerate(ids.chunk(accum)):
+        for i, micro in enumerate([] if pipelined else ids.chunk(accum)):
             with _no_sync(booster, model, optimizer) if i < accum - 1 else nullcontext():
                 loss = model(micro, labels=micro)[0] / accum
                 booster.backward(loss, optimizer)
@@ -344,7 +351,7 @@ def _print_sample(run: Run, step: int, bar: Progress | None) -> None:
     """Collective (a sharded model's forward): greedy text after the start of the
     validation text, one line on rank 0."""
     n = run.args.sample_tokens
-    if n == 0:
+    if n == 0 or pipeline_steps.is_pipelined(run.model):  # no rank holds the whole model
         return
     prompt = [int(t) for t in run.data.val[: min(16, run.seq)]]
     run.model.eval()

@@ -123,6 +123,13 @@ def add_options(p: argparse.ArgumentParser) -> None:
         "(needs: pip install tensorboard)",
     )
     p.add_argument(
+        "--plan-fix",
+        default=None,
+        metavar="KNOB=VALUE[,...]",
+        help="--plugin auto: fix knobs of the plan (dp, tp, pp, sp, zero_stage, "
+        "num_microbatches, ckpt, schedule, ...), e.g. pp=2,schedule=zbv",
+    )
+    p.add_argument(
         "--stop-after", type=int, default=None, help=argparse.SUPPRESS
     )  # tests: stop as if killed
     p.add_argument(
