@@ -21,6 +21,7 @@ import torch
 
 from . import calibrate_compute as compute
 from .calibrate_comm import measure_collectives
+from .calibrate_split import split_backward_call_s
 from .types import MachineProfile
 
 MiB = 1 << 20
@@ -83,7 +84,11 @@ def calibrate(
         )
         h2d, d2h = compute.transfer_bandwidths(dev, (64 if quick else 256) * MiB)
         adam = compute.host_adam_rate((4 if quick else 16) * MiB)
-        say(f"attention, memory, transfers, host Adam done ({time.perf_counter() - started:.1f} s)")
+        split_call = split_backward_call_s(dev, reps=7 if quick else 15)
+        say(
+            f"attention, memory, transfers, host Adam, split backward done "
+            f"({time.perf_counter() - started:.1f} s)"
+        )
     finally:
         torch.set_num_threads(threads)
     disk_read, disk_write = compute.disk_bandwidths((64 if quick else 256) * MiB, disk_dir)
@@ -114,6 +119,7 @@ def calibrate(
         disk_write_bandwidth=disk_write,
         collectives=collectives,
         transport="nccl" if device == "cuda" else "gloo",
+        split_backward_call_s=split_call,
         measured=(
             f"megalith calibrate{flags} on {socket.gethostname()}, "
             f"{time.strftime('%Y-%m-%d %H:%M %Z')}, torch {torch.__version__}, {elapsed:.0f} s"
@@ -144,6 +150,7 @@ def format_profile(p: MachineProfile) -> str:
         ("memory bandwidth", _rate(p.memory_bandwidth, "B/s")),
         ("host Adam", _rate(p.host_adam_params_per_s, "params/s")),
         ("h2d / d2h", f"{_rate(p.h2d_bandwidth, 'B/s')} / {_rate(p.d2h_bandwidth, 'B/s')}"),
+        ("split backward", f"{p.split_backward_call_s * 1e6:.1f} us per W call"),
         (
             "disk read / write",
             f"{_rate(p.disk_read_bandwidth, 'B/s')} / {_rate(p.disk_write_bandwidth, 'B/s')}",

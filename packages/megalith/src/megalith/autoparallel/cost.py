@@ -6,10 +6,15 @@ step = compute of every micro-batch (forward 1x, backward BACKWARD_FACTOR x, the
   + tp all-reduces (2 per layer forward, 2 backward, on the tp group); under sp,
     Ulysses' all-to-alls (ULYSSES_ALL_TO_ALLS per layer each way)
   + pp messages (boundary_bytes per micro-batch each way, inside the simulated passes)
+  + under a split backward (ZB-V) what W's per-node calls add (split_costs.py: the
+    profile's split_backward_call_s per frontier node, and in checkpointed blocks a
+    recompute per frontier node), inside the simulated W passes
   + the dp gradient reduction that backward does not hide: max(0, comm - DP_OVERLAP x
     the last micro-batch's backward) (all-reduce at stages 0-1, reduce-scatter at 2-3),
-    one collective per bucket or chunk (`reductions`: LowLevelZero's chunk per parameter,
-    DDP's and ZeRO's buckets, stage 3's chunks), each paying the collective's latency
+    one collective per bucket or chunk (`reductions`: DDP's and ZeRO's buckets, stage 3's
+    chunks), each paying the collective's latency;
+    ZeRO under a split backward reduces every chunk once per call of the rank's last W
+    pass (`zero_reductions_per_step`)
   + stage 3's parameter all-gathers (forward and backward of every micro-batch, one per
     chunk), less ZERO3_OVERLAP of the compute they are prefetched under
   + the optimizer step: on the device, masters and states at memory bandwidth
@@ -30,6 +35,7 @@ from .collectives import collective_time, latency, send_recv_time
 from .compute import BACKWARD_FACTOR, forward_time
 from .knobs import Knobs
 from .memory import ZERO_BUCKET_BYTES, Memory, peak_memory, working_bytes
+from .split_costs import frontier_nodes, weight_pass_extra
 from .types import BlockCost, Candidate, Cluster, ModelAnalysis
 
 #: Adam's bytes moved per parameter: master, exp_avg, exp_avg_sq read and written (24),
@@ -61,14 +67,8 @@ DDP_BUCKET_BYTES = 25 << 20
 #: ZERO3_CHUNK_RANGE
 ZERO3_ONE_CHUNK_BYTES = 32 << 20
 ZERO3_CHUNK_RANGE = (1 << 20, 64 << 20)
-#: parameter tensors an op's module holds (a linear with a bias, without, an embedding, a
-#: layer norm), for LowLevelZero's chunk per parameter
-_OP_PARAMS = {
-    "aten.addmm.default": 2,
-    "aten.mm.default": 1,
-    "aten.embedding.default": 1,
-    "aten.native_layer_norm.default": 2,
-}
+#: schedules whose backward is split into I and W (megalith_pipeline.backward_split)
+SPLIT_SCHEDULES = ("zbv",)
 #: stage-time ratios are rounded to this many decimals to share simulations
 _SIM_DECIMALS = 2
 
@@ -145,9 +145,7 @@ def _pass_times(
     """(forward, backward, recompute, tp communication) seconds of one micro-batch on blocks."""
     prof = cluster.profile
     fwd = [forward_time(b, k, prof, analysis.seq_len, analysis.hidden) for b in blocks]
-    n_ckpt = round(k.ckpt * sum(id(b) in layers for b in blocks))
-    ckpt = {id(b) for b in blocks if id(b) in layers}
-    ckpt = {i for i in [id(b) for b in blocks if id(b) in ckpt][:n_ckpt]}
+    ckpt = _checkpointed(blocks, layers, k)
     recompute = sum(f for b, f in zip(blocks, fwd) if id(b) in ckpt)
     comm = 0.0
     if k.tp > 1:
@@ -167,6 +165,22 @@ def _pass_times(
     return sum(fwd), BACKWARD_FACTOR * sum(fwd), recompute, comm
 
 
+def _checkpointed(blocks: list[BlockCost], layers: set[int], k: Knobs) -> set[int]:
+    """ids of the checkpointed blocks of a stage: the first ckpt share of its layers."""
+    mine = [id(b) for b in blocks if id(b) in layers]
+    return set(mine[: round(k.ckpt * len(mine))])
+
+
+def _weight_pass_extra(
+    blocks: list[BlockCost], stage: int, layers: set[int], analysis: ModelAnalysis,
+    cluster: Cluster, k: Knobs,
+) -> float:  # fmt: skip
+    """Seconds a split backward's W adds to one micro-batch of virtual stage `stage`."""
+    prof = cluster.profile
+    fwd = [forward_time(b, k, prof, analysis.seq_len, analysis.hidden) for b in blocks]
+    return weight_pass_extra(blocks, fwd, _checkpointed(blocks, layers, k), stage > 0, prof)
+
+
 def step_parts(
     analysis: ModelAnalysis, cluster: Cluster, k: Knobs, *, simulate: bool = True
 ) -> dict[str, float]:
@@ -183,8 +197,15 @@ def step_parts(
         "recompute": sum(r for _, _, r, _ in passes) * share,
         ("tp_comm" if k.sp == 1 else "tp_sp_comm"): sum(c for _, _, _, c in passes) * share,
     }
+    extra = [0.0] * len(timed)
+    if k.schedule in SPLIT_SCHEDULES:  # W's own calls (and recomputes): split_costs.py
+        extra = [
+            _weight_pass_extra(blocks, s, layers, analysis, cluster, k)
+            for s, blocks in enumerate(timed)
+        ]
+        parts["split_backward"] = sum(extra) * share
     where = stages.placement(k)
-    bwd = [b + r + c / 2 for _, b, r, c in passes]
+    bwd = [b + r + c / 2 + e for (_, b, r, c), e in zip(passes, extra)]
     last_bwd = max(sum(bwd[s] for s in range(len(where)) if where[s] == r) for r in range(k.pp))
     if k.pp > 1 and not simulate and k.schedule != "zbv":  # the least bubble of 1F1B
         parts["pp_bubble_and_p2p"] = (k.pp - 1) / k.chunks * min(f + b + r for f, b, r, _ in passes)
@@ -210,22 +231,13 @@ def _rank_params(analysis: ModelAnalysis, k: Knobs, vstages: list[list[BlockCost
     return max(per_rank)
 
 
-def param_tensors(block: BlockCost) -> int:
-    """Parameter tensors of a block, from its traced ops (the modules that ran a linear,
-    an embedding or a layer norm); at least one for a block with parameters."""
-    held: dict[str, int] = {}
-    for op in block.ops:
-        held[op.module] = max(held.get(op.module, 0), _OP_PARAMS.get(op.op, 0))
-    return max(sum(held.values()), 1 if block.params else 0)
-
-
 def reductions(k: Knobs, blocks: list[BlockCost], n: int, wd: int) -> int:
     """Collectives of one reduction of a rank's gradients (and of one gather of its
-    parameters): one per parameter under LowLevelZero (dp-only stages 1-2, a chunk each),
-    else one per bucket or stage-3 chunk."""
+    parameters): one per bucket (stages 1-2: ZERO_BUCKET_BYTES, LowLevelZero's
+    reduce_bucket_size_in_m, its one-parameter chunks coalesced a bucket at a time as
+    megalith_zero's buckets.py does since 0487308, at least one per parameter larger
+    than a bucket; DDP's buckets) or stage-3 chunk."""
     total = n * wd
-    if k.zero_stage in (1, 2) and k.tp == k.pp == k.sp == 1:
-        return max(1, sum(param_tensors(b) for b in blocks))
     if k.zero_stage in (1, 2):
         return max(1, -(-total // ZERO_BUCKET_BYTES))
     if k.zero_stage == 3:
@@ -234,6 +246,21 @@ def reductions(k: Knobs, blocks: list[BlockCost], n: int, wd: int) -> int:
         lo, hi = ZERO3_CHUNK_RANGE
         return max(1, -(-total // min(hi, max(lo, total // 8))))
     return max(1, -(-total // DDP_BUCKET_BYTES))
+
+
+def zero_reductions_per_step(k: Knobs, vstages: list[list[BlockCost]]) -> int:
+    """How many times ZeRO reduces every gradient chunk in one step: once, except under a
+    split backward, where the rank's last W pass (the one outside no_sync) is one
+    autograd call per frontier node, and megalith_zero's end-of-backward callback reduces
+    all chunks after each call (the busiest pp rank's count)."""
+    if k.pp == 1 or k.zero_stage not in (1, 2) or k.schedule not in SPLIT_SCHEDULES:
+        return 1
+    calls = 1
+    for rank in range(k.pp):
+        stage = stages.last_weight_stage(k.schedule, k.pp, k.num_microbatches, rank)
+        if stage > 0:  # the first stage's W is one whole backward
+            calls = max(calls, sum(frontier_nodes(b) for b in vstages[stage]))
+    return calls
 
 
 def _dp_and_optimizer(
@@ -255,6 +282,7 @@ def _dp_and_optimizer(
         op = "all_reduce" if k.zero_stage <= 1 else "reduce_scatter"
         reduce = collective_time(cluster, op, k.dp * k.sp, n * wd, k.tp)
         reduce += count * latency(cluster, op, k.dp * k.sp, k.tp)
+        reduce *= zero_reductions_per_step(k, vstages)
         out["dp_reduce"] = max(0.0, reduce - overlap * last_bwd)
     gather = collective_time(cluster, "all_gather", k.dp, n * wd, stride)
     gather += count * latency(cluster, "all_gather", k.dp, stride)

@@ -93,3 +93,14 @@ def peak_activations(
             live -= kept[a.stage]
         peak = max(peak, live)
     return peak
+
+
+def last_weight_stage(name: str, pp: int, m: int, rank: int) -> int:
+    """The virtual stage of `rank`'s last weight-gradient pass (W, or B where backward is
+    not split): the one pass that runs outside the dp wrapper's no_sync, so ZeRO
+    reduces there (megalith_pipeline's executor)."""
+    from megalith_pipeline.schedule import BACKWARD, WEIGHT_GRAD
+
+    sched = schedule(name, pp, simulated_microbatches(pp, m))
+    passes = [a for a in sched.orders[rank] if a.kind in (BACKWARD, WEIGHT_GRAD)]
+    return passes[-1].stage

@@ -112,6 +112,9 @@ class MachineProfile:
         2**27, "medium": < 2**33, "large"); attention: FLOP/s of attention per dtype.
     collectives: per op ("all_reduce", "reduce_scatter", "all_gather", "broadcast",
         "send_recv") a map group size (as str, JSON keys) -> AlphaBeta within a node.
+    split_backward_call_s: seconds a split backward (ZB-V's W, one autograd call per
+        frontier node) adds per frontier node and micro-batch (calibrate_split.py);
+        0.0 where not measured (profiles written before calibrate measured it).
     """
 
     name: str
@@ -130,6 +133,7 @@ class MachineProfile:
     disk_write_bandwidth: float
     collectives: dict[str, dict[str, AlphaBeta]]
     transport: str  # "nccl" or "gloo"
+    split_backward_call_s: float = 0.0
     measured: str = ""  # when and how (calibrate's command line, or "built-in")
 
     def to_json(self) -> dict[str, Any]:
