@@ -5,6 +5,9 @@ and worst case, and which configuration each chooser would take.
     python benchmarks/autoparallel/compare.py ci_cpu benchmarks/results/autoparallel/<date>_cpu_grid.jsonl
     python benchmarks/autoparallel/compare.py h200 <date>_h200_grid.jsonl --gpus 1 > table.md
 
+The last column is the box's 1-minute load average as each configuration finished
+(grid.py records it; '-' for older grids).
+
 PROFILE: a built-in profile name or a profile JSON (megalith calibrate). Memory is
 compared on tensors: the prediction less the profile's not-tensor baseline
 (memory.BASELINE_BYTES: the resident interpreter and libraries on CPU ranks; on CUDA the
@@ -114,6 +117,7 @@ def rows_of(lines: list[dict[str, Any]], cluster: Any) -> list[dict[str, Any]]:
         if line.get("status") != "ok":
             rows.append({"cfg": cfg, "failed": line.get("status"), "why": line.get("error", "")})
             continue
+        cfg = {**cfg, "load": line.get("loadavg_1m")}
         m, p = line["measured"], predict_line(cfg, cluster)
         tokens = cfg["dp"] * cfg["micro_batch"] * cfg["num_microbatches"] * cfg["seq_len"]
         rows.append(
@@ -220,8 +224,8 @@ def table(
         "state: model state (params, grads, in flight, gathered, optimizer) per rank.",
         "",
         "| config | dp | tp | pp | zero | off | mb x m | ckpt | step meas. s | step pred. s "
-        "| err | peak meas. MiB | pred. MiB | err | state meas. MiB | pred. MiB | err |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| err | peak meas. MiB | pred. MiB | err | state meas. MiB | pred. MiB | err | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         c = r["cfg"]
@@ -231,14 +235,15 @@ def table(
             f"{c['ckpt']:g} |"
         )
         if "m" not in r:
-            out.append(head + f" {r['failed']}: {r['why']} |" + " |" * 8)
+            out.append(head + f" {r['failed']}: {r['why']} |" + " |" * 9)
             continue
         m, p = r["m"], r["p"]
         exact = " (exact)" if p["exact_state"] else ""
         out.append(
             head + f" {m['step_s']:.3f} | {p['step_s']:.3f} | {r['step_err']:+.1%} | "
             f"{_mib(m['peak_bytes'])} | {_mib(p['tensor_bytes'])} | {r['mem_err']:+.1%} | "
-            f"{_mib(measured_state(m))} | {_mib(p['state_bytes'])}{exact} | {r['state_err']:+.1%} |"
+            f"{_mib(measured_state(m))} | {_mib(p['state_bytes'])}{exact} | {r['state_err']:+.1%} | "
+            f"{'-' if c.get('load') is None else c['load']} |"
         )
     ok = [r for r in rows if "m" in r]
     exact = [r for r in ok if r["p"]["exact_state"]]

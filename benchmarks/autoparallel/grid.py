@@ -92,6 +92,16 @@ def cpu_grid() -> list[Config]:
         replace(
             pipe, name="zbv2_dp2_zero1_ckpt", dp=2, pp=2, zero_stage=1, ckpt=1.0, schedule="zbv"
         ),
+        # search()'s pick of 2026-12-02 (interleaved, 8 x 1), not measured then
+        replace(
+            pipe,
+            name="int2_dp2_mb1",
+            dp=2,
+            pp=2,
+            micro_batch=1,
+            num_microbatches=8,
+            schedule="interleaved",
+        ),
     ]
 
 
@@ -260,6 +270,7 @@ def main() -> None:
         line = run_one(cfg)
         line["machine"] = meta
         line["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        line["loadavg_1m"] = round(os.getloadavg()[0], 2)  # the box's load as it finished
         with out.open("a") as f:
             f.write(json.dumps(line) + "\n")
         got = line.get("measured", {})
