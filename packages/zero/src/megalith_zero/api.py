@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -137,6 +138,7 @@ def shard(
     mesh: comm.Mesh | None = None,
     axis: str = "dp",
     model_parallel: ModelParallel | None = None,
+    materialize: Callable[[Sequence[torch.nn.Parameter]], None] | None = None,
 ) -> tuple[ZeroModel, ZeroOptimizer]:
     """Shards `model`'s training state over `group` (default: all ranks), or over
     `mesh`'s `axis` (every rank of the world calls it then, whatever its group).
@@ -153,6 +155,11 @@ def shard(
     rank's part: the ranks of the other parts and how much each parameter counts
     (see ModelParallel), so that clip_grad_norm_ is the norm of the whole model and an
     fp16 overflow anywhere skips the step everywhere.
+
+    materialize: for a model whose parameters are not real yet (built lazily, on the
+    meta device): called with each chunk's parameters just before the chunk is built,
+    it makes them real on its `device` attribute (megalith.lazy.ChunkMaterializer), so
+    no rank holds more than its shards plus one chunk of the model.
     """
     config = config or ZeroConfig()
     if mesh is not None:
@@ -198,7 +205,7 @@ def shard(
         raise ValueError(
             f"megalith_zero: parameters are on {sorted(map(str, devices))}; move the model to one device"
         )
-    device = devices.pop()
+    device = devices.pop() if materialize is None else materialize.device
     element = torch.empty((), dtype=config.param_dtype).element_size()
     numel = chunk_numel_for(
         [p.numel() for _, p, _ in params], config.chunk_bytes, element, group.size
@@ -215,7 +222,8 @@ def shard(
     with torch.no_grad():
         src = group.global_rank(0)
         for _, p, _ in params:
-            comm.broadcast(p.data, src=src, group=group)
+            if materialize is None:  # else chunk by chunk, once materialised (chunk())
+                comm.broadcast(p.data, src=src, group=group)
         for b in model.buffers():
             comm.broadcast(b, src=src, group=group)
 
@@ -226,10 +234,16 @@ def shard(
         fmt = flat_states.group_format(rule, g)  # lean states: the group's state_dtype
         return ChunkSetup(group.rank, config, trainable, offloader, names, fmt)
 
-    chunks = [
-        FlatChunk(spec, [params[s.param][1] for s in spec.slots], memory, setup(spec))
-        for spec in layout.chunks
-    ]
+    def chunk(spec: Any) -> FlatChunk:
+        ps = [params[s.param][1] for s in spec.slots]
+        if materialize is not None:
+            materialize(ps)
+            with torch.no_grad():
+                for p in ps:
+                    comm.broadcast(p.data, src=src, group=group)
+        return FlatChunk(spec, ps, memory, setup(spec))
+
+    chunks = [chunk(spec) for spec in layout.chunks]
     # The parameters now live in chunk memory: their old storage, cached by torch, goes
     # back to the driver (at 12B in fp32 that is 49 GB the engine's pool needs).
     memory.release_torch_cache()

@@ -176,11 +176,21 @@ class Booster:
     ) -> tuple[Any, Any, Any, Any, Any]:
         """Wraps what it is given for the plugin; returns (model, optimizer, criterion,
         dataloader, lr_scheduler), with None where None was given. A model built inside
-        megalith.lazy.LazyInitContext is materialised first."""
+        megalith.lazy.LazyInitContext is materialised first, or, under the plugins that
+        shard it (GeminiPlugin, LowLevelZeroPlugin: plugin.materializes_per_chunk()),
+        one chunk at a time as it is sharded, so no rank holds the whole model."""
         from ..lazy import LazyInitContext, is_lazy
 
-        if is_lazy(model):
-            LazyInitContext.materialize(model)
+        if not _per_chunk(self.plugin):
+            from ..pretrained.deferred import take_pending_load
+
+            pending = take_pending_load(model)
+            if pending is not None:  # recorded under another plugin: read it whole now
+                from ..pretrained import load_into
+
+                load_into(model, pending.directory, strict=pending.strict)
+            if is_lazy(model):
+                LazyInitContext.materialize(model)
         if optimizer is not None and getattr(model, "peft_config", None) is not None:
             _add_lora_params(model, optimizer)
         return self.plugin.configure(model, optimizer, criterion, dataloader, lr_scheduler)
@@ -322,8 +332,16 @@ class Booster:
         """Into a boosted model: each rank reads its part (the plugin's CheckpointIO).
         Into a model not boosted yet that was built lazily (megalith.lazy) or on the meta
         device: each tensor read into storage of its own (megalith.pretrained.load_into),
-        from any safetensors checkpoint transformers or megalith wrote."""
+        from any safetensors checkpoint transformers or megalith wrote; under GeminiPlugin
+        and LowLevelZeroPlugin the checkpoint is checked now and read at boost, each
+        chunk's tensors into it as it is sharded (megalith.pretrained.deferred: the
+        parameters stay on the meta device until boost)."""
         if _unboosted_meta(model):
+            if _per_chunk(self.plugin):  # read at boost, each chunk into its shard
+                from ..pretrained.deferred import defer_load
+
+                defer_load(model, checkpoint, strict)
+                return
             from ..pretrained import load_into
 
             load_into(model, checkpoint, strict=strict)
@@ -372,6 +390,13 @@ class Booster:
 
     def load_lr_scheduler(self, lr_scheduler: Any, checkpoint: str) -> None:
         self.checkpoint_io.load_lr_scheduler(lr_scheduler, checkpoint)
+
+
+def _per_chunk(plugin: Any) -> bool:
+    """Whether the plugin materialises (and loads) an unboosted lazy model a chunk at a
+    time as it shards it (GeminiPlugin, LowLevelZeroPlugin)."""
+    per_chunk = getattr(plugin, "materializes_per_chunk", None)
+    return per_chunk is not None and bool(per_chunk())
 
 
 def _unboosted_meta(model: Any) -> bool:

@@ -6,10 +6,13 @@ with LazyInitContext():
 if is_lazy(model):
     LazyInitContext.materialize(model)      # the values of eager construction
 
-context.py  LazyInitContext, is_lazy
-trace.py    the record of ops on meta tensors, and its replay
+context.py     LazyInitContext, is_lazy
+trace.py       the record of ops on meta tensors, and its replay
+random_ops.py  the generator state before each random op, so a part replays alone
+chunks.py      ChunkMaterializer: a few parameters at a time, as the ZeRO plugins shard
 """
 
+from .chunks import ChunkMaterializer
 from .context import LazyInitContext, LazyTensor, is_lazy, materialize_rest
 
-__all__ = ["LazyInitContext", "LazyTensor", "is_lazy", "materialize_rest"]
+__all__ = ["ChunkMaterializer", "LazyInitContext", "LazyTensor", "is_lazy", "materialize_rest"]

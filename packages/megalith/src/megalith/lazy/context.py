@@ -11,7 +11,8 @@ record and puts the real tensors into the module's parameters and buffers in pla
 on the lazy model steps the materialised one; a parameter something holds a weak
 reference to, as torch's RNNs do, is replaced through its module's __setattr__). Ops on the model after the context
 closes are not recorded: do them after materialize (the Booster materialises a lazy
-model at the start of boost).
+model at the start of boost, or, under GeminiPlugin and LowLevelZeroPlugin, one chunk
+at a time as it shards it: chunks.py).
 """
 
 from __future__ import annotations

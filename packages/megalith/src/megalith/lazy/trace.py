@@ -67,6 +67,8 @@ class Trace:
         self.ops: list[Op] = []
         # The trace's meta storages, held so that their keys (addresses) are never reused.
         self.storages: dict[int, torch.UntypedStorage] = {}
+        #: the device each storage is made on at replay (random_ops.py's scratch needs it)
+        self.devices: dict[int, torch.device] = {}
         self.cpu_rng = torch.random.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
 
@@ -101,31 +103,60 @@ class Trace:
         for i, t in enumerate(outs):
             if isinstance(t, torch.Tensor) and t.is_meta and storage_key(t) not in self.storages:
                 self.storages[storage_key(t)] = t.untyped_storage()
+                self.devices[storage_key(t)] = self._device_made(device, tensors, kwargs)
                 created.append((i, ref_of(t)))
         self.ops.append(Op(func, tree_map(as_record, (args, kwargs)), created, device))
         return out
 
+    def _device_made(
+        self, factory: torch.device | None, tensors: list[torch.Tensor], kwargs: dict
+    ) -> torch.device:
+        """Where an op's new storage lives at replay: a factory's device, the device a
+        copy asks for, else its first traced input's."""
+        if factory is not None:
+            return factory
+        if kwargs.get("device") is not None:
+            return torch.device(kwargs["device"])
+        keys = [storage_key(t) for t in tensors if self.knows(t)]
+        return self.devices.get(keys[0], torch.device("cpu")) if keys else torch.device("cpu")
+
     # -- replay -----------------------------------------------------------------
+    def touched(self) -> list[set[int]]:
+        """Per op, the storages it reads, writes or creates (computed once)."""
+        cached = getattr(self, "_touched", None)
+        if cached is None or len(cached) != len(self.ops):
+            cached = self._touched = [
+                {a.key for a in tree_flatten(op.args)[0] if isinstance(a, Ref)}
+                | {r.key for _, r in op.created}
+                for op in self.ops
+            ]
+        return cached
+
     def needed(self, keep: set[int]) -> list[int]:
         """The indices of the ops the storages in keep depend on: each op that creates or
         touches a needed storage, and so on back through its arguments."""
         want, chosen = set(keep), []
+        touched = self.touched()
         for i in range(len(self.ops) - 1, -1, -1):
-            op = self.ops[i]
-            refs = {a.key for a in tree_flatten(op.args)[0] if isinstance(a, Ref)}
-            made = {r.key for _, r in op.created}
-            if (refs | made) & want:
-                want |= refs | made
+            if touched[i] & want:
+                want |= touched[i]
                 chosen.append(i)
         return chosen[::-1]
 
-    def replay(self, keep: set[int], sliced: bool = False) -> dict[int, torch.Tensor]:
+    def replay(
+        self, keep: set[int], sliced: bool = False, states: dict[int, Any] | None = None
+    ) -> dict[int, torch.Tensor]:
         """The real storages (each as a 1-D uint8 tensor over it) of the keys in keep, from
         the whole record run again with the generators as they were at the entry.
         sliced: run only the ops keep depends on (Trace.needed): far less work when keep
         is a few buffers, but a random op then draws from another place of the stream
-        than in eager construction (only deterministic values stay eager's)."""
-        ops = [self.ops[i] for i in self.needed(keep)] if sliced else self.ops
+        than in eager construction (only deterministic values stay eager's), unless
+        states (random_ops.generator_states: the generators' state before each random
+        op, by op index) is given: each random op then draws what it drew in eager
+        construction, whatever is left out ([Note: replaying a part of the record])."""
+        indices = self.needed(keep) if sliced else range(len(self.ops))
+        ops = [self.ops[i] for i in indices]
+        at = list(indices)
         last: dict[int, int] = {}
         for i, op in enumerate(ops):
             for a in tree_flatten(op.args)[0]:
@@ -142,6 +173,8 @@ class Trace:
         try:
             with torch.no_grad():
                 for i, op in enumerate(ops):
+                    if states is not None and at[i] in states:
+                        set_generators(states[at[i]])
                     self._run(op, real)
                     for key in [k for k in real if last.get(k, -1) <= i and k not in keep]:
                         del real[key]
@@ -164,6 +197,13 @@ class Trace:
             real[_ref.key] = torch.empty(0, dtype=torch.uint8, device=t.device).set_(
                 t.untyped_storage()
             )
+
+
+def set_generators(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
+    """The default generators to a (cpu, cuda or None) state of random_ops.py."""
+    torch.random.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state_all(state[1])
 
 
 def view(storage: torch.Tensor, r: Ref) -> torch.Tensor:

@@ -69,6 +69,30 @@ def _put(slot: _Slot, value: torch.Tensor) -> None:
             (owner._parameters if slot.is_param else owner._buffers)[attr] = new
 
 
+def fit(
+    module: torch.nn.Module, files: CheckpointFiles, directory: Any, strict: bool
+) -> tuple[list[_Slot], dict[int, str]]:
+    """module's tensors (slots) and {slot index: the file tensor that fills it}; with
+    strict, refuses a checkpoint that leaves a parameter or persistent buffer unfilled
+    or holds a tensor with no place."""
+    slots = _slots(module)
+    persistent = set(module.state_dict(keep_vars=True))
+    found, unused = plan([s.names for s in slots], files.keys())
+    missing = [
+        s.names[0]
+        for i, s in enumerate(slots)
+        if i not in found and (s.is_param or s.names[0] in persistent)
+    ]
+    if strict and (missing or unused):
+        raise ValueError(
+            f"{directory}: the checkpoint does not fit this {type(module).__name__}: "
+            f"{len(missing)} of its tensors are not in the files {missing[:4]}, "
+            f"{len(unused)} file tensors have no place in it {unused[:4]}; load the "
+            "checkpoint of this model (or its config), or pass strict=False"
+        )
+    return slots, found
+
+
 def load_into(
     module: torch.nn.Module,
     directory: str | os.PathLike,
@@ -82,22 +106,8 @@ def load_into(
     tensor must have a place. Parameters the files do not fill (strict=False) keep their
     values, or, when lazy, are replayed from their record."""
     device = torch.device(device)
-    slots = _slots(module)
-    persistent = set(module.state_dict(keep_vars=True))
     with CheckpointFiles(directory) as files:
-        found, unused = plan([s.names for s in slots], files.keys())
-        missing = [
-            s.names[0]
-            for i, s in enumerate(slots)
-            if i not in found and (s.is_param or s.names[0] in persistent)
-        ]
-        if strict and (missing or unused):
-            raise ValueError(
-                f"{directory}: the checkpoint does not fit this {type(module).__name__}: "
-                f"{len(missing)} of its tensors are not in the files {missing[:4]}, "
-                f"{len(unused)} file tensors have no place in it {unused[:4]}; load the "
-                "checkpoint of this model (or its config), or pass strict=False"
-            )
+        slots, found = fit(module, files, directory, strict)
         for i, slot in enumerate(slots):
             key = found.get(i)
             if key is None:

@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from megalith.lazy import is_lazy
+from megalith.lazy.chunks import ChunkMaterializer
+from megalith.pretrained.deferred import take_pending_load
 from megalith.strategy import Strategy, ZeroTuning, colossal_loss_scale
 
 from ..wrappers import OptimizerWrapper
@@ -119,7 +122,15 @@ class _ZeroPlugin(StrategyPlugin, DPPluginBase):
                 "torch optimizer built on the model's parameters"
             )
         w = world()
-        model = model.to(w.device)
+        source = None
+        pending = take_pending_load(model)  # booster.load_model before boost
+        if self.materializes_per_chunk() and (is_lazy(model) or pending is not None):
+            # Materialised (or read from the checkpoint) a chunk at a time inside shard(),
+            # each rank keeping its slice: no rank holds the whole model (megalith.lazy.chunks).
+            kwargs = {"checkpoint": pending.directory, "strict": pending.strict} if pending else {}
+            source = ChunkMaterializer(model, w.device, **kwargs)
+        else:
+            model = model.to(w.device)
         cast_buffers(model, self.precision)
         mesh, parallel, layout = None, None, None
         if self.tp_size > 1:
@@ -130,7 +141,13 @@ class _ZeroPlugin(StrategyPlugin, DPPluginBase):
             )
         kw = dict(mesh=mesh, axis="dp", model_parallel=parallel) if mesh is not None else {}
         config = _cpu_auto_budget(self.zero_config(), w.device)
-        zmodel, zopt = zero.shard(model, optimizer, config, **kw)
+        if source is not None:
+            kw["materialize"] = source
+        try:
+            zmodel, zopt = zero.shard(model, optimizer, config, **kw)
+        finally:
+            if source is not None:
+                source.close()
         if mesh is not None:
             from ..checkpoint_io.tp_layout import tp_layout
 
@@ -144,6 +161,12 @@ class _ZeroPlugin(StrategyPlugin, DPPluginBase):
             dataloader,
             lr_scheduler,
         )
+
+    def materializes_per_chunk(self) -> bool:
+        """boost() leaves a LazyInitContext model lazy for this plugin, which materialises
+        it one chunk at a time as it shards it (tensor parallelism splits whole tensors
+        first, so tp_size > 1 materialises the whole model)."""
+        return self.tp_size == 1
 
     def no_sync(self, model: Any, optimizer: Any) -> contextlib.AbstractContextManager:
         if optimizer is None:
