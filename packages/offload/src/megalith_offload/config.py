@@ -16,6 +16,11 @@ IO_BACKENDS = ("auto", "uring", "threads")
 class OffloadConfig:
     """Placement of fp32 master shards and optimizer states, validated on construction.
 
+    The states' format is the optimizer's (HybridAdam(state_dtype="bf16"|"int8"), one
+    place for every tier): host memory, swap files and the plan hold them at 2 or
+    about 1 byte per value ([Note: lean chunk states] in megalith_core.optim.flat_states);
+    visit_frac's device visits carry fp32 states only, so lean chunks stay on the host.
+
     tier: where offloaded chunks keep their optimizer states: "host" (pinned host
         memory when CUDA is there, pageable host memory otherwise) or "nvme" (files
         in a per-run swap directory, read back before a chunk's step and written
