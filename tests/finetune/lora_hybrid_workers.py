@@ -63,6 +63,8 @@ def reference(family: str, seed: int) -> tuple[list[float], dict[str, torch.Tens
 def plugin(layout: str) -> Any:
     from megalith.booster.plugin import HybridParallelPlugin
 
+    if layout == "tp2zero1":  # world 4: dp 2 x tp 2, ZeRO-1 over dp (both replicas get the batch)
+        return HybridParallelPlugin(tp_size=2, zero_stage=1, precision="fp32")
     tp, pp = {"tp2": (2, 1), "pp2": (1, 2), "tp2pp2": (2, 2)}[layout]
     if pp == 1:
         return HybridParallelPlugin(tp_size=tp, precision="fp32")  # vocabulary-parallel loss

@@ -1,8 +1,8 @@
 """LoRA under HybridParallelPlugin (issue 19, item 3) on CPU ranks: peft adapters on
 transformers' tiny GPT-2 (Conv1D, fused q|k|v, tied embeddings) and Llama (grouped kv
-heads: replicated kv rows at tp 2) train under tp 2, pp 2 and tp 2 x pp 2 with plain
-peft's losses on one process (fp32, 1e-5); each adapter is split as its base layer
-(tensor_parallel/lora.py); only adapter parameters get optimizer state; the adapter that
+heads: replicated kv rows at tp 2) train under tp 2, pp 2, tp 2 x pp 2 and tp 2 x dp 2
+(ZeRO-1) with plain peft's losses on one process (fp32, 1e-5); each adapter is split as
+its base layer (tensor_parallel/lora.py); only adapter parameters get optimizer state; the adapter that
 save_lora_as_pretrained gathers from every tp shard and pipeline stage loads with
 peft.PeftModel.from_pretrained here and equals plain peft's trained adapter."""
 
@@ -58,8 +58,9 @@ def test_lora_under_tp2_and_pp2_is_plain_peft(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_lora_under_tp2_x_pp2_is_plain_peft(tmp_path):
+def test_lora_under_tp2_x_pp2_and_tp2_x_zero1_dp2_is_plain_peft(tmp_path):
     from tests.finetune import lora_hybrid_workers as w
 
-    settings = [("tp2pp2", "llama", str(tmp_path / "tp2pp2-llama"), SEED)]
+    grid = [("tp2pp2", "llama"), ("tp2zero1", "gpt2")]
+    settings = [(lay, fam, str(tmp_path / f"{lay}-{fam}"), SEED) for lay, fam in grid]
     _check(settings, run_grid(w.hybrid_lora, settings, 4, timeout=180))
