@@ -9,7 +9,9 @@ stages 1 and 2, fp32 and bf16, with buckets of 600 bytes (several chunks each) a
 the whole model (chunk_bytes=0): the reduced gradient shards after each backward, the
 losses and the final parameters are bit-equal to the per-parameter run. One case also
 accumulates a micro-batch under no_sync and defers the gathers
-(overlap_param_gather). The per-parameter fp32 run matches plain torch AdamW."""
+(overlap_param_gather). The per-parameter fp32 run matches plain torch AdamW.
+(At world 3 bit-equality holds for buffers this small; for large ones Gloo may sum a
+rare element in another order: see the Note.)"""
 
 from __future__ import annotations
 

@@ -13,15 +13,21 @@ over a flat buffer laid out rank-major:
 
 Rank r's part of a reduce-scatter of that buffer is [c0 shard r | c1 shard r | ...]: its
 shard of every chunk, copied from there into each chunk's `shard_grad`. The masters,
-optimizer states and steps stay per chunk. A reduce-scatter adds the ranks' copies of
-an element in an order that depends on the rank receiving it, not on where the element
-sits in the buffer (measured on Gloo at worlds 2-4,
-tests/zero/test_coalesced_reduction.py), so the reduced gradients are bit-identical to
-one collective per chunk. A ring all-reduce sums each element in an order set by its
-position, so stage 1 reduce-scatters the bucket and all-gathers the reduced shards back
-into every chunk's full gradient: an all-reduce's own two halves, at its bandwidth.
+optimizer states and steps stay per chunk.
 
-After a step, GatherBucket packs the bucket's updated shards side by side, all-gathers
+The numbers: a reduce-scatter adds the ranks' copies of an element in an order the
+backend picks. At world 2 the order cannot matter (two addends commute), so the reduced
+gradients are bit-identical to one collective per chunk. At larger worlds Gloo's order
+depends on the rank receiving the element and, for a rare element of a large buffer, on
+its position (measured: 1 element of 1.4 M per rank differs at worlds 3 and 4 when the
+buffer is offset by 4096), so a coalesced run can differ from a per-parameter one in the
+last bit, as the packed layout does (tests/zero/test_coalesced_reduction.py checks
+bit-equality at worlds 2 and 3 on a small model, where Gloo's order does not move).
+Gloo's all-reduce sums in an order set by position even in small buffers (measured at
+worlds 3 and 4), so stage 1 reduce-scatters the bucket and all-gathers the reduced shards back into every chunk's
+full gradient: an all-reduce's own two halves, at its bandwidth.
+
+After a step, start_gather packs the bucket's updated shards side by side, all-gathers
 them into one rank-major buffer and copies each chunk's rows into its `full`.
 
 The buffers are copies (up to twice a bucket's gradients while it reduces, once its

@@ -56,7 +56,8 @@ class ZeroConfig:
         reduce_bucket_size): up to chunk_bytes per bucket (a larger parameter alone;
         chunk_bytes=1: one collective per parameter), or with chunk_bytes=0 the size
         the search picks for chunks of this model. The numbers are bit-identical to one
-        collective per parameter ([Note: coalesced per-parameter shards] in buckets.py).
+        collective per parameter at world 2; beyond, a last-bit difference is possible
+        ([Note: coalesced per-parameter shards] in buckets.py).
     prefetch: stage 3: how many chunks ahead of the running module are gathered.
     keep_gathered_bytes: stage 3: up to this many bytes of gathered chunks stay gathered
         from their use in forward to their use in backward instead of being freed and

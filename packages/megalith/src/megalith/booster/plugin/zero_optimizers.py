@@ -13,7 +13,7 @@ whole number of aligned shards: that shard's fp32 master is what ColossalAI's
 working_to_master_param maps the parameter to, and the state tensors have its length.
 The gradient reductions and the parameter gathers still go a bucket of consecutive
 parameters at a time, one collective per reduce_bucket_size_in_m MiB (megalith_zero's
-buckets.py), bit-identical to one per parameter.
+buckets.py); the same numbers as one per parameter (bit for bit at world 2).
 """
 
 from __future__ import annotations
