@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from megalith_core.optim import flat_states, lean_states
+
 from .offload import resident_states
 
 
@@ -32,7 +34,13 @@ def load_param_states(zopt: Any, entries: Mapping[str, Mapping[str, Any]]) -> No
             c.ensure_states(names)
             for st in c.states.values():
                 st.zero_()
-            found = [entries.get(s.name) or {} for s in c.spec.slots]
+            lean = c.state_dtype != "fp32"  # staged in fp32, then stored in the format
+            values = (
+                {n: torch.zeros(c.spec.shard_numel, device=c.master.device) for n in names}
+                if lean
+                else c.states
+            )
+            found = [_decoded(entries.get(s.name) or {}) for s in c.spec.slots]
             c.steps = [int(e.get("step", 1 if e else 0)) for e in found]
             for seg in c.spec.segments(rank):
                 entry = found[c.spec.slots.index(seg.slot)]
@@ -48,8 +56,23 @@ def load_param_states(zopt: Any, entries: Mapping[str, Mapping[str, Any]]) -> No
                             "(tensor-parallel shards take their slice of the full state)"
                         )
                     src = src[seg.param_start : seg.param_start + seg.length]
-                    dst = c.states[n][seg.shard_start : seg.shard_start + seg.length]
+                    dst = values[n][seg.shard_start : seg.shard_start + seg.length]
                     dst.copy_(src)
+            if lean:
+                flat_states.write_fp32(c.states, values)
+
+
+def _decoded(entry: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A per-parameter state in the q8 format (state_dtype="int8": codes and block
+    scales) as fp32 exp_avg / exp_avg_sq; other formats as they are."""
+    if "exp_avg_scale" not in entry:
+        return entry
+    out = dict(entry)
+    lean_states.undo_torch_cast(out)
+    out["exp_avg"], out["exp_avg_sq"] = lean_states.to_fp32(out)
+    for name in lean_states.SCALE_NAMES:
+        out.pop(name)
+    return out
 
 
 def take_param_states(
