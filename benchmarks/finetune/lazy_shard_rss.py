@@ -63,7 +63,7 @@ def _kept(zmodel) -> int:
     return kept
 
 
-def bench(rank: int, kind: str, precision: str, per_chunk: bool) -> dict:
+def bench(rank: int, kind: str, precision: str, per_chunk: bool, ckpt: str | None = None) -> dict:
     import transformers
 
     import megalith.booster.plugin.zero  # noqa: F401
@@ -83,10 +83,17 @@ def bench(rank: int, kind: str, precision: str, per_chunk: bool) -> dict:
     torch.manual_seed(0)
     with LazyInitContext():
         model = transformers.LlamaForCausalLM(config)
-    if not per_chunk:
+    booster = Booster(plugin=plugin)
+    if ckpt is not None and not per_chunk:  # the load before: every tensor read whole
+        from megalith.pretrained import load_into
+
+        load_into(model, ckpt)
+    elif ckpt is not None:  # deferred to boost, read chunk by chunk
+        booster.load_model(model, ckpt)
+    elif not per_chunk:
         LazyInitContext.materialize(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    boosted, *_ = Booster(plugin=plugin).boost(model, opt)
+    boosted, *_ = booster.boost(model, opt)
     seconds = time.perf_counter() - t0
     zmodel = boosted.module
     return {
@@ -106,15 +113,33 @@ def main() -> None:
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--plugins", default=",".join(PLUGINS), help="names of PLUGINS")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--load",
+        action="store_true",
+        help="booster.load_model of a bf16 checkpoint of the model before boost (written "
+        "first to a temporary directory) against load_into (every tensor read whole); the "
+        "table is appended to --out",
+    )
     a = ap.parse_args()
     mib = 2**20
     rows = []
+    ckpt = None
+    if a.load:
+        import tempfile
+
+        import transformers
+
+        ckpt = tempfile.mkdtemp(prefix="megalith-lazy-rss-")
+        torch.manual_seed(1)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG))
+        model.to(torch.bfloat16).save_pretrained(ckpt, max_shard_size="200MB")
+        del model
     for world in map(int, a.worlds.split(",")):
         for name in a.plugins.split(","):
             kind, precision = PLUGINS[name]
             for per_chunk in (False, True):
                 per_rank = run_distributed(
-                    bench, world, kind, precision, per_chunk, timeout=900,
+                    bench, world, kind, precision, per_chunk, ckpt, timeout=900,
                     env={"OMP_NUM_THREADS": "1"},
                 )  # fmt: skip
                 worst = max(per_rank, key=lambda r: r["grew"] - 1.2 * r["kept"] - r["chunk"])
@@ -127,13 +152,29 @@ def main() -> None:
         f"# Lazy models boosted under the sharding plugins: host memory per rank "
         f"({datetime.date.today()}, cpu2)",
         "",
-        "`benchmarks/finetune/lazy_shard_rss.py`: a transformers Llama of "
-        f"{rows[0]['params'] / 1e6:.0f}M parameters built in LazyInitContext and boosted on "
-        "CPU ranks (one thread each). *whole first*: LazyInitContext.materialize then boost "
-        "(boost's path before); *per chunk*: boost materialises each chunk as it shards it. "
-        "Peak RSS growth from before the model is built, on the rank where it is worst "
-        "against the target (1.2 x kept + one chunk in fp32).",
-        "",
+    ]
+    if a.load:
+        lines = [
+            "",
+            "## A checkpoint loaded before boost (`--load`)",
+            "",
+            "The same model's bf16 weights (save_pretrained, 200 MB files) loaded into the "
+            "lazy model before boost: *whole first* is megalith.pretrained.load_into (every "
+            "tensor read into the model, then boost: booster.load_model's path before); *per "
+            "chunk* is booster.load_model (checked, then read at boost chunk by chunk).",
+            "",
+        ]
+    if not a.load:
+        lines += [
+            "`benchmarks/finetune/lazy_shard_rss.py`: a transformers Llama of "
+            f"{rows[0]['params'] / 1e6:.0f}M parameters built in LazyInitContext and boosted on "
+            "CPU ranks (one thread each). *whole first*: LazyInitContext.materialize then boost "
+            "(boost's path before); *per chunk*: boost materialises each chunk as it shards it. "
+            "Peak RSS growth from before the model is built, on the rank where it is worst "
+            "against the target (1.2 x kept + one chunk in fp32).",
+            "",
+        ]
+    lines += [
         "| world | plugin | path | chunks | kept MiB | chunk MiB | peak growth MiB | "
         "growth / kept | target MiB | meets | boost s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -148,8 +189,16 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:
-        Path(a.out).write_text(text)
-        Path(a.out).with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        out, raw = Path(a.out), Path(a.out).with_suffix(".jsonl")
+        jsonl = "".join(json.dumps({**r, "load": a.load}) + "\n" for r in rows)
+        if a.load:  # appended to the run without a checkpoint
+            text, jsonl = out.read_text() + text, raw.read_text() + jsonl
+        out.write_text(text)
+        raw.write_text(jsonl)
+    if ckpt is not None:
+        import shutil
+
+        shutil.rmtree(ckpt)
 
 
 if __name__ == "__main__":
