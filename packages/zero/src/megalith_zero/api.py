@@ -17,7 +17,7 @@ from .chunk import ChunkSetup, FlatChunk
 from .config import ZeroConfig
 from .full_state import iter_full_params
 from .grads import GradReducer
-from .layout import Layout, bucket_numel_for, chunk_numel_for, plan
+from .layout import Layout, layout_for
 from .offload import auto_budget, auto_placement, make_offloader, make_tiers
 from .optimizer import ModelParallel, ZeroOptimizer
 from .param_gather import DeferredGathers
@@ -206,15 +206,9 @@ def shard(
             f"megalith_zero: parameters are on {sorted(map(str, devices))}; move the model to one device"
         )
     device = devices.pop() if materialize is None else materialize.device
-    element = torch.empty((), dtype=config.param_dtype).element_size()
-    numel = chunk_numel_for(
-        [p.numel() for _, p, _ in params], config.chunk_bytes, element, group.size
+    layout = layout_for(
+        params, group.size, config.chunk_bytes, config.param_dtype, config.shard_each_param
     )
-    bucket = 0
-    if config.shard_each_param:
-        numels = [p.numel() for _, p, _ in params]
-        bucket = bucket_numel_for(numels, config.chunk_bytes, element, group.size)
-    layout = plan(params, group.size, numel, config.shard_each_param, bucket)
     # Budgets are checked before the first collective: a bad one fails on every rank alike.
     budget = auto_budget(config, layout, device)
     memory = StateMemory(device)

@@ -20,7 +20,7 @@ from megalith_core.optim.rules import rule_for
 
 from .api import _param_groups
 from .config import ZeroConfig
-from .layout import chunk_numel_for, plan
+from .layout import layout_for
 from .offload import chunk_costs, require_offload, resident_state, warmup_param_frac
 
 
@@ -46,8 +46,9 @@ def estimate(
     docstring). With placement="auto" the plan is the warm-up's (everything offloaded)."""
     params = _param_groups(model, optimizer)
     wd = torch.empty((), dtype=config.param_dtype).element_size()
-    numel = chunk_numel_for([p.numel() for _, p, _ in params], config.chunk_bytes, wd, world)
-    layout = plan(params, world, numel, config.shard_each_param)
+    layout = layout_for(
+        params, world, config.chunk_bytes, config.param_dtype, config.shard_each_param
+    )
     rule = rule_for(optimizer)
     n_params = sum(p.numel() for _, p, _ in params)
     chunk_bytes = max(c.numel for c in layout.chunks) * wd

@@ -163,6 +163,23 @@ def _buckets(chunks: list[Chunk], capacity: int) -> list[Chunk]:
     return out
 
 
+def layout_for(
+    params: Sequence[tuple[str, torch.Tensor, int]],
+    world: int,
+    chunk_bytes: int,
+    param_dtype: torch.dtype,
+    shard_each_param: bool = False,
+) -> Layout:
+    """The layout shard() builds for a ZeroConfig's chunk_bytes, param_dtype and
+    shard_each_param (and what estimate() plans): chunk sizes from chunk_numel_for, and
+    with shard_each_param the reduction buckets from bucket_numel_for."""
+    element = torch.empty((), dtype=param_dtype).element_size()
+    numels = [p.numel() for _, p, _ in params]
+    numel = chunk_numel_for(numels, chunk_bytes, element, world)
+    bucket = bucket_numel_for(numels, chunk_bytes, element, world) if shard_each_param else 0
+    return plan(params, world, numel, shard_each_param, bucket)
+
+
 def plan(
     params: Sequence[tuple[str, torch.Tensor, int]],
     world: int,

@@ -200,7 +200,26 @@ def resident_state(
         if trains and (one is None or p + g + f + q < one[0]):
             one = (p + g + f + q, spec.index)
     one = one or (0, -1)
+    in_flight = max(in_flight, _bucket_in_flight(layout, stage) * rd)
     return params, grads, in_flight, gathered, one[0], one[1]
+
+
+def _bucket_in_flight(layout: Layout, stage: int) -> int:
+    """Elements in flight while the largest reduction bucket of one-parameter chunks
+    (buckets.py) reduces: its rank-major packed copy and this rank's reduced slice, and
+    at stages 2 and 3 every member's whole gradient, held until the bucket goes."""
+    members: dict[int, list[int]] = {}
+    for spec in layout.chunks:
+        if spec.bucket >= 0 and spec.group >= 0:
+            members.setdefault(spec.bucket, []).append(spec.numel)
+    world = layout.chunks[0].world if layout.chunks else 1
+    most = 0
+    for numels in members.values():
+        if len(numels) < 2:  # a bucket of one reduces as its chunk does
+            continue
+        full = sum(numels)
+        most = max(most, full + full // world + (full if stage > 1 else 0))
+    return most
 
 
 F = TypeVar("F", bound=Callable[..., Any])
