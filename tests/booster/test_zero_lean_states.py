@@ -40,8 +40,31 @@ def train(rank: int, run: LeanRun):
     model, opt, *_ = booster.boost(model, opt)
     losses = train_toy(rank, booster, model, opt, run)
     dtypes = {t.dtype for c in opt.zero_optimizer.chunks if c.trainable for t in c.states.values()}
+    _check_state_views(opt)
     opt.zero_optimizer.close()
     return (losses, dtypes) if rank == 0 else None
+
+
+def _check_state_views(opt) -> None:
+    """opt.state (the torch-facing view) holds each parameter's piece of the chunk
+    states: decoded, it is the chunk's own fp32 values there (int8 pieces carry their
+    block scales, or are decoded copies when they cut a block)."""
+    from megalith.booster.plugin.zero_optimizers import state_pieces
+    from megalith_core.optim import flat_states, lean_states
+
+    state = opt.state
+    checked = 0
+    for c in opt.zero_optimizer.chunks:
+        if not c.trainable or not c.states or c.tier == "nvme":
+            continue
+        want = flat_states.to_fp32(c.states)
+        for i, lo, hi in state_pieces(c):
+            entry = {k: v for k, v in state[c.params[i]].items() if k != "step"}
+            m, v = lean_states.to_fp32(entry)
+            assert torch.equal(m, want["exp_avg"][lo:hi]), (c.spec.index, i)
+            assert torch.equal(v, want["exp_avg_sq"][lo:hi]), (c.spec.index, i)
+            checked += 1
+    assert checked
 
 
 @pytest.mark.parametrize("state_dtype", ["bf16", "int8"])

@@ -123,11 +123,13 @@ def stream_seed(seed: int, key: int, rank: int) -> int:
     return (int(seed) ^ z ^ (z >> 31)) % 2**64
 
 
-def _aligned(sl: slice, numel: int) -> bool:
+def block_aligned(sl: slice, numel: int) -> bool:
+    """Shard range `sl` starts on a q8 block and ends on one or at the shard's end."""
     return sl.start % Q8_BLOCK == 0 and (sl.stop % Q8_BLOCK == 0 or sl.stop == numel)
 
 
-def _block_range(sl: slice, numel: int) -> slice:
+def block_range(sl: slice, numel: int) -> slice:
+    """The whole q8 blocks covering shard range `sl`."""
     return slice(sl.start // Q8_BLOCK * Q8_BLOCK, min(-(-sl.stop // Q8_BLOCK) * Q8_BLOCK, numel))
 
 
@@ -182,14 +184,14 @@ def apply(
     numel = master.numel()
     g = dict(group, seed=seed)
     copies = None if copy is None else [copy[sl]]
-    if format_of(states) != "int8" or _aligned(sl, numel):
+    if format_of(states) != "int8" or block_aligned(sl, numel):
         part = piece(states, sl)
         rule.apply(
             g, step, [master[sl]], [grad[sl]], {n: [t] for n, t in part.items()}, copies, grad_scale
         )
         return
     # q8 piece off the block grid: its blocks in fp32, stepped, then quantised again
-    wide = _block_range(sl, numel)
+    wide = block_range(sl, numel)
     held = piece(states, wide)
     fp32 = to_fp32(held)
     inner = slice(sl.start - wide.start, sl.stop - wide.start)

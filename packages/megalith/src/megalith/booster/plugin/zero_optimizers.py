@@ -35,17 +35,41 @@ def refresh_state_views(zopt: Any) -> None:
     for c in zopt.trainable:
         if not c.states or c.tier == "nvme":
             continue
-        if len(c.spec.slots) == 1:  # every rank holds a slice (maybe padding only)
-            pieces = [(0, 0, c.spec.shard_numel)]
-        else:
-            pieces = [
-                (c.spec.slots.index(s.slot), s.shard_start, s.shard_start + s.length)
-                for s in c.spec.segments(c.rank)
-            ]
-        for i, lo, hi in pieces:
+        for i, lo, hi in state_pieces(c):
             entry: dict[str, Any] = {"step": torch.tensor(float(c.steps[i]))}
-            entry.update({n: t[lo:hi] for n, t in c.states.items()})
+            entry.update(_state_piece(c.states, lo, hi))
             state[c.params[i]] = entry
+
+
+def state_pieces(chunk: Any) -> list[tuple[int, int, int]]:
+    """(parameter index in the chunk, start, end) of this rank's shard range of each
+    parameter it holds part of (a one-parameter chunk: the whole shard, padding too)."""
+    spec = chunk.spec
+    if len(spec.slots) == 1:  # every rank holds a slice (maybe padding only)
+        return [(0, 0, spec.shard_numel)]
+    return [
+        (spec.slots.index(s.slot), s.shard_start, s.shard_start + s.length)
+        for s in spec.segments(chunk.rank)
+    ]
+
+
+def _state_piece(states: dict[str, torch.Tensor], lo: int, hi: int) -> dict[str, torch.Tensor]:
+    """Shard range [lo, hi) of a chunk's states: views of the stored vectors (int8
+    states: the codes and their block scales, as CPUAdam(state_dtype="int8") keeps them)
+    when the range starts on a 256-element block (and ends on one, or at the shard's
+    end); else an int8 range gets decoded fp32 copies, since it shares its end blocks'
+    scales with a neighbouring parameter."""
+    from megalith_core.optim import flat_states
+
+    numel = states["exp_avg"].numel() if "exp_avg" in states else 0
+    sl = slice(lo, hi)
+    if flat_states.format_of(states) != "int8":
+        return {n: t[lo:hi] for n, t in states.items()}
+    if flat_states.block_aligned(sl, numel):
+        return flat_states.piece(states, sl)
+    block = flat_states.block_range(sl, numel)
+    values = flat_states.to_fp32(flat_states.piece(states, block))
+    return {n: t[lo - block.start : hi - block.start].clone() for n, t in values.items()}
 
 
 class _TorchFacingOptimizer(ZeroOptimizerWrapper):
