@@ -133,9 +133,15 @@ class Plugin:
         lora_config: Any = None,
         bnb_quantization_config: Any = None,
     ) -> torch.nn.Module:
-        raise NotImplementedError(
-            f"{type(self).__name__} does not train LoRA adapters; use TorchDDPPlugin or "
-            "LowLevelZeroPlugin with booster.enable_lora"
+        """The peft model of `model` (plugins that support_lora())."""
+        if not self.support_lora():
+            raise NotImplementedError(
+                f"{type(self).__name__} does not train LoRA adapters; use TorchDDPPlugin, "
+                "LowLevelZeroPlugin, GeminiPlugin or HybridParallelPlugin with "
+                "booster.enable_lora"
+            )
+        return peft_model(
+            type(self).__name__, model, pretrained_dir, lora_config, bnb_quantization_config
         )
 
     # -- called by the Booster ----------------------------------------------

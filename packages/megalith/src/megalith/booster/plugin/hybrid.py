@@ -76,7 +76,7 @@ import torch
 from megalith.strategy import Parallel, Strategy, colossal_loss_scale
 
 from ..wrappers import ModelWrapper
-from .base import StrategyPlugin, check_precision, peft_model, require, world
+from .base import StrategyPlugin, check_precision, require, world
 from .checkpointing import apply_checkpointing, checkpoint_config
 from .hybrid_args import (
     SPEED_ONLY,
@@ -372,17 +372,6 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
         """peft LoRA adapters split as their base layers are (tensor_parallel/lora.py), on
         their own pipeline stage; only the adapters step."""
         return True
-
-    def enable_lora(
-        self,
-        model: torch.nn.Module,
-        pretrained_dir: str | None = None,
-        lora_config: Any = None,
-        bnb_quantization_config: Any = None,
-    ) -> torch.nn.Module:
-        return peft_model(
-            type(self).__name__, model, pretrained_dir, lora_config, bnb_quantization_config
-        )
 
     def control_checkpoint_io(self) -> bool:
         return True

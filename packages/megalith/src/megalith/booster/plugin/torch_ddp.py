@@ -26,7 +26,7 @@ import torch
 from megalith.strategy import Strategy
 
 from ..wrappers import ModelWrapper, OptimizerWrapper, _total_norm
-from .base import StrategyPlugin, check_precision, peft_model, warn_non_defaults, world
+from .base import StrategyPlugin, check_precision, warn_non_defaults, world
 from .ddp_diagnosis import (
     BACKWARD,
     BUILD,
@@ -222,17 +222,6 @@ class TorchDDPPlugin(StrategyPlugin, DPPluginBase):
         """fp16: torch GradScaler arguments (init_scale, growth_factor, backoff_factor,
         growth_interval), from the Booster's MixedPrecision object."""
         self.grad_scaler_kwargs = {k: v for k, v in kwargs.items() if v is not None}
-
-    def enable_lora(
-        self,
-        model: torch.nn.Module,
-        pretrained_dir: str | None = None,
-        lora_config: Any = None,
-        bnb_quantization_config: Any = None,
-    ) -> torch.nn.Module:
-        return peft_model(
-            type(self).__name__, model, pretrained_dir, lora_config, bnb_quantization_config
-        )
 
     def configure(self, model, optimizer, criterion, dataloader, lr_scheduler):
         refuse_meta(model)

@@ -23,7 +23,7 @@ from megalith.pretrained.deferred import take_pending_load
 from megalith.strategy import Strategy, ZeroTuning, colossal_loss_scale
 
 from ..wrappers import OptimizerWrapper
-from .base import StrategyPlugin, check_precision, peft_model, require, warn_non_defaults, world
+from .base import StrategyPlugin, check_precision, require, warn_non_defaults, world
 from .dp_plugin_base import DPPluginBase
 from .gemini_model import GeminiDDP
 from .zero_optimizers import GeminiOptimizer, LowLevelZeroOptimizer
@@ -309,17 +309,6 @@ class LowLevelZeroPlugin(_ZeroPlugin):
 
     def support_lora(self) -> bool:
         return True
-
-    def enable_lora(
-        self,
-        model: torch.nn.Module,
-        pretrained_dir: str | None = None,
-        lora_config: Any = None,
-        bnb_quantization_config: Any = None,
-    ) -> torch.nn.Module:
-        return peft_model(
-            type(self).__name__, model, pretrained_dir, lora_config, bnb_quantization_config
-        )
 
 
 def _chunk_bytes(chunk_config_dict: dict | None, precision: str) -> tuple[int, bool]:
