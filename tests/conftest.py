@@ -5,6 +5,14 @@ from __future__ import annotations
 
 import os
 
+# Bit-equality tests compare runs whose tensors sit at different addresses and on
+# differently loaded cores: MKL's conditional numerical reproducibility (strict: results
+# independent of alignment) with a fixed thread count keeps its GEMMs bit-identical
+# between them. Read by MKL at its first call, so set before anything runs; spawned
+# ranks inherit it.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+os.environ.setdefault("MKL_DYNAMIC", "FALSE")
+
 import pytest
 import torch
 
