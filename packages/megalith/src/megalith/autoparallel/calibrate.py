@@ -21,6 +21,7 @@ import torch
 
 from . import calibrate_compute as compute
 from .calibrate_comm import measure_collectives
+from .calibrate_pass import pipeline_pass_s
 from .calibrate_split import split_backward_call_s
 from .types import MachineProfile
 
@@ -85,8 +86,9 @@ def calibrate(
         h2d, d2h = compute.transfer_bandwidths(dev, (64 if quick else 256) * MiB)
         adam = compute.host_adam_rate((4 if quick else 16) * MiB)
         split_call = split_backward_call_s(dev, reps=7 if quick else 15)
+        pass_s = pipeline_pass_s(dev, reps=5 if quick else 9)
         say(
-            f"attention, memory, transfers, host Adam, split backward done "
+            f"attention, memory, transfers, host Adam, split backward, pipeline pass done "
             f"({time.perf_counter() - started:.1f} s)"
         )
     finally:
@@ -120,6 +122,7 @@ def calibrate(
         collectives=collectives,
         transport="nccl" if device == "cuda" else "gloo",
         split_backward_call_s=split_call,
+        pipeline_pass_s=pass_s,
         measured=(
             f"megalith calibrate{flags} on {socket.gethostname()}, "
             f"{time.strftime('%Y-%m-%d %H:%M %Z')}, torch {torch.__version__}, {elapsed:.0f} s"
@@ -151,6 +154,7 @@ def format_profile(p: MachineProfile) -> str:
         ("host Adam", _rate(p.host_adam_params_per_s, "params/s")),
         ("h2d / d2h", f"{_rate(p.h2d_bandwidth, 'B/s')} / {_rate(p.d2h_bandwidth, 'B/s')}"),
         ("split backward", f"{p.split_backward_call_s * 1e6:.1f} us per W call"),
+        ("pipeline pass", f"{p.pipeline_pass_s * 1e6:.1f} us per pass"),
         (
             "disk read / write",
             f"{_rate(p.disk_read_bandwidth, 'B/s')} / {_rate(p.disk_write_bandwidth, 'B/s')}",

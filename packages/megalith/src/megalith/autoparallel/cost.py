@@ -9,6 +9,9 @@ step = compute of every micro-batch (forward 1x, backward BACKWARD_FACTOR x, the
   + under a split backward (ZB-V) what W's per-node calls add (split_costs.py: the
     profile's split_backward_call_s per frontier node, and in checkpointed blocks a
     recompute per frontier node), inside the simulated W passes
+  + every pipeline pass's fixed cost (pp > 1): the profile's pipeline_pass_s per pass
+    (F, B, I, W of one micro-batch on one stage; stages.passes_per_rank counts them from
+    megalith_pipeline's schedule), inside the simulated passes
   + the dp gradient reduction that backward does not hide: max(0, comm - DP_OVERLAP x
     the last micro-batch's backward) (all-reduce at stages 0-1, reduce-scatter at 2-3),
     one collective per bucket or chunk (`reductions`: DDP's and ZeRO's buckets, stage 3's
@@ -209,15 +212,21 @@ def step_parts(
     last_bwd = max(sum(bwd[s] for s in range(len(where)) if where[s] == r) for r in range(k.pp))
     if k.pp > 1 and not simulate and k.schedule != "zbv":  # the least bubble of 1F1B
         parts["pp_bubble_and_p2p"] = (k.pp - 1) / k.chunks * min(f + b + r for f, b, r, _ in passes)
+    pass_s = cluster.profile.pipeline_pass_s if k.pp > 1 else 0.0
+    if pass_s:  # each pass's fixed cost: the busiest rank's passes
+        parts["pipeline_passes"] = max(stages.passes_per_rank(k.schedule, k.pp, m)) * pass_s
     if k.pp > 1 and simulate:
         boundary = analysis.blocks[0].boundary_bytes * k.micro_batch / k.sp
         across = cluster.nodes > 1 and k.world // k.pp >= cluster.per_node
         msg = send_recv_time(cluster, boundary, across)
-        fwd = [f + c / 2 for f, _, _, c in passes]
+        fwd = [f + c / 2 + pass_s for f, _, _, c in passes]
         # a split backward (ZB-H1, ZB-V): I recomputes and moves the input gradients (tp's
-        # backward all-reduces are on that path); W is the weight gradients' half
-        inp = [b / 2 + r + c / 2 for _, b, r, c in passes]
-        makespan = _pipeline(k, tuple(fwd), tuple(bwd), tuple(inp), msg, where)
+        # backward all-reduces are on that path); W is the weight gradients' half. Its
+        # backward is two passes (I, W), each paying pass_s
+        split = 2 if k.schedule in SPLIT_SCHEDULES else 1
+        inp = [b / 2 + r + c / 2 + pass_s for _, b, r, c in passes]
+        sim_bwd = [b + split * pass_s for b in bwd]
+        makespan = _pipeline(k, tuple(fwd), tuple(sim_bwd), tuple(inp), msg, where)
         parts["pp_bubble_and_p2p"] = max(0.0, makespan - sum(parts.values()))
     parts.update(_dp_and_optimizer(analysis, cluster, k, vstages, last_bwd, parts))
     return parts

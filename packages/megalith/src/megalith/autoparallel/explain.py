@@ -38,6 +38,7 @@ PART_NAMES = {
     "tp_comm": "tp's all-reduces",
     "tp_sp_comm": "tp's all-reduces and sp's all-to-alls",
     "split_backward": "the split backward's W calls",
+    "pipeline_passes": "the pipeline passes' fixed cost",
     "pp_bubble_and_p2p": "the bubble",
     "dp_reduce": "the exposed gradient reduction",
     "zero3_gather": "stage 3's exposed gathers",

@@ -104,3 +104,13 @@ def last_weight_stage(name: str, pp: int, m: int, rank: int) -> int:
     sched = schedule(name, pp, simulated_microbatches(pp, m))
     passes = [a for a in sched.orders[rank] if a.kind in (BACKWARD, WEIGHT_GRAD)]
     return passes[-1].stage
+
+
+def passes_per_rank(name: str, pp: int, m: int) -> tuple[int, ...]:
+    """Passes (F, B, I, W actions) each rank runs in a step of m micro-batches, from
+    megalith_pipeline's schedule: every virtual stage on the rank runs a forward and a
+    backward (a split one: I and W) per micro-batch, so the counts of the simulated
+    micro-batches scale to m exactly."""
+    m_sim = simulated_microbatches(pp, m)
+    sched = schedule(name, pp, m_sim)
+    return tuple(len(order) * m // m_sim for order in sched.orders)

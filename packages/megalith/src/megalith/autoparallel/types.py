@@ -115,6 +115,10 @@ class MachineProfile:
     split_backward_call_s: seconds a split backward (ZB-V's W, one autograd call per
         frontier node) adds per frontier node and micro-batch (calibrate_split.py);
         0.0 where not measured (profiles written before calibrate measured it).
+    pipeline_pass_s: seconds every pipeline pass (one forward, backward, I or W of one
+        micro-batch on one stage) costs beside its compute: the executor's bookkeeping,
+        the message hand-over, the pass's autograd call (calibrate_pass.py); 0.0 where
+        not measured, as split_backward_call_s.
     """
 
     name: str
@@ -134,6 +138,7 @@ class MachineProfile:
     collectives: dict[str, dict[str, AlphaBeta]]
     transport: str  # "nccl" or "gloo"
     split_backward_call_s: float = 0.0
+    pipeline_pass_s: float = 0.0
     measured: str = ""  # when and how (calibrate's command line, or "built-in")
 
     def to_json(self) -> dict[str, Any]:
