@@ -26,6 +26,14 @@ through AccumulateGrad, so gradient hooks (DDP, ZeRO) fire as in a plain
 backward. A stage whose inputs need no gradient (the first) has an empty I and a
 W that is the whole backward.
 
+[Note: one W, one reduction] A W pass is many backward calls, and each call's end is a
+backward's end for DDP/ZeRO hooks (megalith_zero reduces every chunk there). The step's
+last W pass therefore runs every call but its last inside the wrapper's no_sync: the
+gradients of all calls accumulate, and the last call's end reduces each chunk once.
+Likewise torch.utils.checkpoint recomputes a checkpointed block once per backward call;
+the W calls of a micro-batch run as one GraphExecGroup, so the block runs its forward
+once in W (once more in I, which is a call of its own).
+
 When some weight-only node has two parents (a weight used twice, directly), the
 input path can reach a frontier node's own weight edge, and the per-node call
 would count that path again. Such a micro-batch falls back to a W that is a
@@ -34,11 +42,28 @@ whole backward restricted to the weights: correct, and as slow as I + B.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
+import torch.utils.checkpoint as torch_checkpoint
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
+
+
+@contextlib.contextmanager
+def _one_recompute() -> Iterator[None]:
+    """The W calls of one micro-batch as one group for torch.utils.checkpoint (non-reentrant):
+    a checkpointed block is recomputed once for all of them, not once per call. The calls
+    run over disjoint parts of the graph (each node in one call), as GraphExecGroup asks.
+    Inside a caller's own group (groups do not nest) the calls join that one."""
+    group = getattr(torch_checkpoint, "GraphExecGroup", None)
+    if group is None or group._get_current_group() is not None:
+        yield
+        return
+    with group():
+        yield
 
 
 def _walk(
@@ -76,11 +101,17 @@ class WeightPass:
     def __init__(self, calls: list[tuple[list[Any], list[torch.Tensor], list[torch.Tensor]]]):
         self._calls = calls
 
-    def run(self) -> None:
-        for roots, grads, weights in self._calls:
-            if roots and weights:
-                torch.autograd.backward(roots, grads, inputs=weights)
+    def run(self, no_sync: Callable[[], AbstractContextManager] | None = None) -> None:
+        """Runs the calls. no_sync: the data-parallel wrapper's (ZeroOptimizer.no_sync),
+        for the step's last W pass: every call but the last runs inside it, so the
+        wrapper's end-of-backward reduction runs once ([Note: one W, one reduction])."""
+        calls = [c for c in self._calls if c[0] and c[2]]
         self._calls = []
+        with _one_recompute():
+            for k, (roots, grads, weights) in enumerate(calls):
+                defer = no_sync is not None and k < len(calls) - 1
+                with no_sync() if defer else contextlib.nullcontext():
+                    torch.autograd.backward(roots, grads, inputs=weights)
 
 
 def _weights_below(

@@ -116,7 +116,8 @@ class Executor:
                     and i != last_weight
                 )
                 with no_sync() if defer else contextlib.nullcontext():
-                    t0, t1 = self._pass(a)
+                    # the last W pass defers all its calls but one itself (backward_split.py)
+                    t0, t1 = self._pass(a, no_sync if i == last_weight else None)
                 stats.spans.append((a.kind, a.stage, a.mb, t0, t1))
                 if not train:
                     live = self._live.pop((a.stage, a.mb))
@@ -129,16 +130,19 @@ class Executor:
         self._live.clear()
         return self._loss, [results[mb] for mb in sorted(results)], stats
 
-    def _pass(self, a: Action) -> tuple[Any, Any]:
+    def _pass(
+        self, a: Action, no_sync: Callable[[], contextlib.AbstractContextManager] | None = None
+    ) -> tuple[Any, Any]:
         """Runs one pass; returns when its compute started and ended (receives excluded),
-        as the step's clock marks them (stats.py)."""
+        as the step's clock marks them (stats.py). no_sync: given for the step's last
+        weight-gradient pass (see WeightPass.run)."""
         if a.kind == FORWARD:
             return self._forward(a)
         live = self._live[(a.stage, a.mb)]
         if a.kind == WEIGHT_GRAD:
             t0 = self._clock.now()
             with self._stage_errors(a, "the weight-gradient pass"):
-                live.weight_pass.run()
+                live.weight_pass.run(no_sync)
             del self._live[(a.stage, a.mb)]
             return t0, self._clock.now()
         if a.stage == self.last:
