@@ -1,6 +1,6 @@
 """The split backward's own costs in the cost model (split_costs.py) against what
 megalith_pipeline's split really does: one W call per frontier node counted from the
-traced ops, a block recomputed per W call under checkpointing, ZeRO reducing once per
+traced ops, a checkpointed block recomputed once in W, ZeRO reducing once per
 call of the last W pass; and calibrate's micro-benchmark of the per-call cost."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_frontier_nodes_are_the_w_calls_megalith_pipeline_makes():
     assert frontier_nodes(a.pre) == 0  # embeddings are weights-only
 
 
-def test_w_recomputes_a_checkpointed_block_once_per_frontier_node():
+def test_w_recomputes_a_checkpointed_block_once():
     model = _model(random.randrange(1000))
     model.set_activation_checkpointing(True, [1])
     runs = []
@@ -65,9 +65,8 @@ def test_w_recomputes_a_checkpointed_block_once_per_frontier_node():
         weight_pass.run()
     finally:
         hook.remove()
-    a = analyze(models.create("gpt-tiny", device="meta", **CFG), SEQ, precision="fp32")
     assert after_i == 2  # the forward and I's recompute
-    assert len(runs) - after_i == frontier_nodes(a.blocks[1])  # one per W call
+    assert len(runs) - after_i == 1  # W's calls share one recompute (split_costs.py)
 
 
 def test_the_model_charges_w_its_calls_and_recomputes():

@@ -6,9 +6,9 @@ frontier node: every module on the stage's input path that holds weights (a Line
 addmm or mm, a layer norm; an embedding's lookup is weights-only, no frontier). So:
 
 - each call pays the profile's `split_backward_call_s` (calibrate_split.py);
-- each call is its own autograd graph task, and torch's non-reentrant checkpointing
-  recomputes a block per graph task that unpacks it: in a checkpointed block every
-  frontier node's call runs the block's forward again (I's recompute is not reused).
+- a checkpointed block runs its forward once more in W: the calls of a micro-batch's W
+  share one torch.utils.checkpoint GraphExecGroup (megalith_pipeline 6dac7d5; before, each
+  call was its own graph task and recomputed the block); I's recompute is not reused.
 
 A stage whose inputs need no gradient (the first) has no I: its W is one whole backward,
 which costs nothing extra.
@@ -36,7 +36,7 @@ def weight_pass_extra(
     profile: MachineProfile,
 ) -> float:
     """Seconds W adds on one virtual stage per micro-batch: every frontier node's call,
-    and in a checkpointed block (id in `checkpointed`) a forward per frontier node."""
+    and in a checkpointed block (id in `checkpointed`) one forward."""
     if not has_inputs:
         return 0.0
     extra = 0.0
@@ -44,5 +44,5 @@ def weight_pass_extra(
         nodes = frontier_nodes(block)
         extra += nodes * profile.split_backward_call_s
         if id(block) in checkpointed:
-            extra += nodes * fwd
+            extra += fwd
     return extra
