@@ -15,9 +15,8 @@ step = compute of every micro-batch (forward 1x, backward BACKWARD_FACTOR x, the
   + the dp gradient reduction that backward does not hide: max(0, comm - DP_OVERLAP x
     the last micro-batch's backward) (all-reduce at stages 0-1, reduce-scatter at 2-3),
     one collective per bucket or chunk (`reductions`: DDP's and ZeRO's buckets, stage 3's
-    chunks), each paying the collective's latency;
-    ZeRO under a split backward reduces every chunk once per call of the rank's last W
-    pass (`zero_reductions_per_step`)
+    chunks), each paying the collective's latency, once per step (under a split backward
+    too: megalith_pipeline runs the last W pass's calls but one under no_sync)
   + stage 3's parameter all-gathers (forward and backward of every micro-batch, one per
     chunk), less ZERO3_OVERLAP of the compute they are prefetched under
   + the optimizer step: on the device, masters and states at memory bandwidth
@@ -38,7 +37,7 @@ from .collectives import collective_time, latency, send_recv_time
 from .compute import BACKWARD_FACTOR, forward_time
 from .knobs import Knobs
 from .memory import ZERO_BUCKET_BYTES, Memory, peak_memory, working_bytes
-from .split_costs import frontier_nodes, weight_pass_extra
+from .split_costs import weight_pass_extra
 from .types import BlockCost, Candidate, Cluster, ModelAnalysis
 
 #: Adam's bytes moved per parameter: master, exp_avg, exp_avg_sq read and written (24),
@@ -257,21 +256,6 @@ def reductions(k: Knobs, blocks: list[BlockCost], n: int, wd: int) -> int:
     return max(1, -(-total // DDP_BUCKET_BYTES))
 
 
-def zero_reductions_per_step(k: Knobs, vstages: list[list[BlockCost]]) -> int:
-    """How many times ZeRO reduces every gradient chunk in one step: once, except under a
-    split backward, where the rank's last W pass (the one outside no_sync) is one
-    autograd call per frontier node, and megalith_zero's end-of-backward callback reduces
-    all chunks after each call (the busiest pp rank's count)."""
-    if k.pp == 1 or k.zero_stage not in (1, 2) or k.schedule not in SPLIT_SCHEDULES:
-        return 1
-    calls = 1
-    for rank in range(k.pp):
-        stage = stages.last_weight_stage(k.schedule, k.pp, k.num_microbatches, rank)
-        if stage > 0:  # the first stage's W is one whole backward
-            calls = max(calls, sum(frontier_nodes(b) for b in vstages[stage]))
-    return calls
-
-
 def _dp_and_optimizer(
     analysis: ModelAnalysis,
     cluster: Cluster,
@@ -291,7 +275,6 @@ def _dp_and_optimizer(
         op = "all_reduce" if k.zero_stage <= 1 else "reduce_scatter"
         reduce = collective_time(cluster, op, k.dp * k.sp, n * wd, k.tp)
         reduce += count * latency(cluster, op, k.dp * k.sp, k.tp)
-        reduce *= zero_reductions_per_step(k, vstages)
         out["dp_reduce"] = max(0.0, reduce - overlap * last_bwd)
     gather = collective_time(cluster, "all_gather", k.dp, n * wd, stride)
     gather += count * latency(cluster, "all_gather", k.dp, stride)
