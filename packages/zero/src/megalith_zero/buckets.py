@@ -105,7 +105,8 @@ class GradBucket:
 
     def finish(self, handle: comm.Handle, group: comm.ProcessGroup) -> None:
         handle.wait()
-        assert self._work is not None
+        if self._work is None:
+            raise RuntimeError("GradBucket.finish() without a start(): call start() first")
         packed, reduced, outs = self._work
         self._work = None
         if self.chunks[0].stage == 1:  # every rank keeps the whole reduced gradient
