@@ -139,12 +139,18 @@ def bucket_numel_for(
     """The capacity in elements of a bucket of one-parameter chunks (shard_each_param):
     chunk_bytes of the working dtype when given (smaller than a parameter: that
     parameter alone), else what chunk_numel_for would choose for chunks of the
-    one-parameter chunks' (padded) sizes: one bucket for a model of at most
-    SMALL_MODEL_BYTES."""
-    if chunk_bytes:
-        return chunk_bytes // element_bytes
+    one-parameter chunks' (padded) sizes; either way at most an eighth of them all
+    (chunk_bytes=1: one parameter a bucket). A bucket's gradients are in flight twice
+    while it reduces (its members' and the rank-major packed copy, buckets.py): a
+    whole-model bucket would hold more gradient bytes than DDP does, and ZeRO-2 (also
+    offloaded) would lose its device-memory advantage on models smaller than a bucket."""
     align = world * ALIGN_ELEMENTS
-    return chunk_numel_for([round_up(n, align) for n in numels], 0, element_bytes, world)
+    padded = [round_up(n, align) for n in numels]
+    if chunk_bytes:
+        wanted = chunk_bytes // element_bytes
+    else:
+        wanted = chunk_numel_for(padded, 0, element_bytes, world)
+    return max(1, min(wanted, -(-sum(padded) // 8)))
 
 
 def _buckets(chunks: list[Chunk], capacity: int) -> list[Chunk]:

@@ -246,8 +246,8 @@ def reductions(k: Knobs, blocks: list[BlockCost], n: int, wd: int) -> int:
     megalith_zero's buckets.py does since 0487308, at least one per parameter larger
     than a bucket; DDP's buckets) or stage-3 chunk."""
     total = n * wd
-    if k.zero_stage in (1, 2):
-        return max(1, -(-total // ZERO_BUCKET_BYTES))
+    if k.zero_stage in (1, 2):  # buckets of at most an eighth of the model (layout.py)
+        return max(1, -(-total // max(1, min(ZERO_BUCKET_BYTES, -(-total // 8)))))
     if k.zero_stage == 3:
         if total <= ZERO3_ONE_CHUNK_BYTES:
             return 1
