@@ -11,7 +11,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
-NAME = re.compile(r"^\d{4}-\d{2}-\d{2}_(cpu\d*|h200|h200x\d+)(_[A-Za-z0-9_]+)?\.(md|txt|jsonl|json)$")
+NAME = re.compile(
+    r"^\d{4}-\d{2}-\d{2}_(cpu\d*|h200|h200x\d+)(_[A-Za-z0-9_]+)?\.(md|txt|jsonl|json)$"
+)
 
 
 def tracked(*patterns: str) -> list[Path]:
