@@ -104,7 +104,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         action="append",
         default=[],
         help="NAME or NAME=VALUE (comma-separated, repeatable) to set on every host; "
-        "MEGALITH_*, NCCL_*, CUDA_*, PYTHON* and PATH always travel",
+        "MEGALITH_*, NCCL_*, CUDA_*, PYTHON*, OMP_*, MKL_* and PATH always travel",
     )
     parser.add_argument("--report-failures", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(

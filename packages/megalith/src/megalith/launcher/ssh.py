@@ -61,13 +61,15 @@ SSH_OPTIONS = (
     "ServerAliveCountMax=3",
 )
 STARTED = "MEGALITH_RUN_NODE_STARTED"
-TRAVEL_PREFIXES = ("MEGALITH_", "NCCL_", "CUDA_", "PYTHON")
+# OMP_ / MKL_: thread counts and MKL's reproducibility mode, the same on every node (a
+# node without MKL_CBWR computes GEMMs by other paths than one with it)
+TRAVEL_PREFIXES = ("MEGALITH_", "NCCL_", "CUDA_", "PYTHON", "OMP_", "MKL_")
 TRAVEL_NAMES = ("PATH",)
 
 
 def travelling_env(environ: Mapping[str, str], extra: Sequence[str] = ()) -> dict[str, str]:
-    """The variables a remote node gets: MEGALITH_*, NCCL_*, CUDA_*, PYTHON*, PATH, and
-    each --env entry (NAME: its value here; NAME=VALUE: that value)."""
+    """The variables a remote node gets: MEGALITH_*, NCCL_*, CUDA_*, PYTHON*, OMP_*, MKL_*,
+    PATH, and each --env entry (NAME: its value here; NAME=VALUE: that value)."""
     env = {
         key: value
         for key, value in environ.items()
