@@ -4,6 +4,7 @@ as a ColossalAI script drives it, against the plain model in one process."""
 from __future__ import annotations
 
 import copy
+import sys
 import warnings
 
 import torch
@@ -173,7 +174,11 @@ def heads_grid(rank: int, setting: tuple[str, int, int]) -> list[str]:
         return head_case(rank, *setting)
     except Exception as exc:  # every setting reports, not only the first to fail
         where = traceback.format_exc().strip().splitlines()[-4:]
-        return [f"{setting}: {type(exc).__name__}: {exc} | {' / '.join(where)}"]
+        error = f"{setting}: {type(exc).__name__}: {exc} | {' / '.join(where)}"
+        # A failed pipeline step can leave its peer to time out and the group broken, so the
+        # grid's last barrier may fail before this value is returned: say it now too.
+        print(f"rank {rank}: {error}", file=sys.stderr, flush=True)
+        return [error]
 
 
 def _gpt2() -> torch.nn.Module:

@@ -2,7 +2,7 @@
 (stages.py says how a head runs the model's own forward).
 
 embed: bert.embeddings (multiple-choice inputs flattened to (batch * choices, seq) as the
-head's forward does); each block: the mask from BertModel's own _create_attention_masks
+head's forward does); each block: the mask BertModel's forward builds, from transformers' masking functions
 (bidirectional, or causal for BertLMHeadModel), then the layer; head: the pooler when the
 model has one, then the model's forward with `bert` given.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from .stages import Held, check_cover, first, flat2d, shape_proxy
@@ -38,14 +39,30 @@ class BertStage(nn.Module):
 
     def forward(self, x: dict[str, Any]) -> dict[str, Any]:
         inputs, hidden = x["inputs"], x["hidden"]
-        mask, _ = self.trunk._create_attention_masks(
-            attention_mask=flat2d(inputs.get("attention_mask")),
-            encoder_attention_mask=None,
-            embedding_output=shape_proxy(inputs, hidden),
-            encoder_hidden_states=None,
-            cache=None,
+        mask = self_attention_mask(
+            self.trunk.config,
+            shape_proxy(inputs, hidden),
+            flat2d(inputs.get("attention_mask")),
+            flat2d(inputs.get("position_ids")),
         )
         return {**x, "hidden": first(self.layer(hidden, mask))}
+
+
+def self_attention_mask(
+    config: Any, proxy: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None
+) -> Any:
+    """BertModel's self-attention mask. Called through transformers' public masking functions,
+    not BertModel._create_attention_masks, whose arguments change between releases (5.25 added
+    position_ids); position_ids goes only to a function that takes it."""
+    import inspect
+
+    from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+
+    make = create_causal_mask if config.is_decoder else create_bidirectional_mask
+    kwargs: dict[str, Any] = dict(config=config, inputs_embeds=proxy, attention_mask=mask)
+    if "position_ids" in inspect.signature(make).parameters:
+        kwargs["position_ids"] = positions
+    return make(cache=None, **kwargs)
 
 
 class BertHead(Held):
