@@ -36,7 +36,11 @@ def ddp_case(rank: int, root: str) -> dict | None:
         raise AssertionError("an asynchronous save pinned a buffer per tensor")
 
     async_writes.snapshot = per_tensor
-    device = torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu")
+    import torch.distributed as dist
+
+    # the GPU test's ranks run NCCL; the CPU test's run Gloo on CPU even where a GPU is
+    on_gpu = dist.get_backend() == "nccl"
+    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     model.register_buffer("seen", torch.zeros(3))  # a persistent buffer goes too

@@ -2,7 +2,7 @@
 // rounding, 8-bit block-quantised m and v, bf16 masters with a Kahan
 // compensation ([Note: lean states] in megalith/optim/slots.h). The same rules
 // and the same rounding stream as the host kernels (core/src/optim/), fp32 math
-// in the same order as AdamOp in optim_step.cu.
+// in the host lean kernel's order.
 //
 // One pass per element: a q8 block of 256 elements is one thread block's turn,
 // its new m and v stay in registers while the block's maxima are reduced, then
@@ -44,7 +44,7 @@ struct LeanParams {
   std::int64_t numel;
   std::uint32_t base;  // the slot's rounding stream
   Scalars s;
-  float beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, decay, l2;
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, inv_bc2_sqrt, eps, decay, l2;
 };
 
 // See [Note: stochastic rounding] in core/src/optim/cpu_simd_vec.h.
@@ -55,14 +55,16 @@ __device__ __forceinline__ __nv_bfloat16 bf16_sr(float x, std::uint32_t r16) {
   return __ushort_as_bfloat16(h);
 }
 
+// The host lean kernel's operations in its order (AdamVec::update in
+// cpu_lean_kernels.cpp), so that a moment which cancels to near zero rounds alike.
 __device__ __forceinline__ float update(const LeanParams& P, float p, float g, float& m,
                                         float& v) {
-  g = fmaf(P.l2, p, g);
+  g = fmaf(p, P.l2, g);
   p *= P.decay;
-  m = fmaf(P.beta1, m, P.one_minus_beta1 * g);
-  v = fmaf(P.beta2, v, P.one_minus_beta2 * g * g);
-  const float denom = sqrtf(v) / P.bc2_sqrt + P.eps;
-  return fmaf(-P.step_size, m / denom, p);
+  m = fmaf(g - m, P.one_minus_beta1, m);
+  v = fmaf(g * g, P.one_minus_beta2, v * P.beta2);
+  const float denom = fmaf(sqrtf(v), P.inv_bc2_sqrt, P.eps);
+  return fmaf(m * (1.0f / denom), -P.step_size, p);
 }
 
 template <int M>
@@ -122,8 +124,11 @@ __device__ __forceinline__ float block_max(float x, float* shared) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) shared[warp] = x;
   __syncthreads();
-  x = lane < kThreads / 32 ? shared[lane] : 0.0f;
-  for (int o = 4; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  // Every lane, not only the first kThreads / 32 of each warp, needs the block's maximum
+  // (each encodes its own element): lane l reads warp l % 8's maximum, and the xor steps
+  // stay within groups of 8 lanes that each hold all 8.
+  x = shared[lane % (kThreads / 32)];
+  for (int o = kThreads / 64; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
   __syncthreads();  // shared is reused by the next reduction
   return x;
 }
@@ -239,7 +244,7 @@ void adam_lean_step(const ParamSlots* slots, std::size_t count, const AdamHyper&
   for (std::size_t i = 0; i < count; ++i) check_lean_slot(slots[i], i, args);
 
   const double t = static_cast<double>(args.step);
-  const double b1 = h.beta1, b2 = h.beta2, lr = h.lr, wd = h.weight_decay;
+  const double b1 = h.beta1, b2 = h.beta2, lr = h.lr;
   const double bc1 = h.bias_correction ? 1.0 - std::pow(b1, t) : 1.0;
   const double bc2 = h.bias_correction ? 1.0 - std::pow(b2, t) : 1.0;
   const bool clip = dev.max_grad_norm > 0.0f;
@@ -250,13 +255,13 @@ void adam_lean_step(const ParamSlots* slots, std::size_t count, const AdamHyper&
   P.s.max_grad_norm = clip ? dev.max_grad_norm : 0.0f;
   P.s.grad_scale = h.maximize ? -args.grad_scale : args.grad_scale;
   P.beta1 = h.beta1;
-  P.one_minus_beta1 = static_cast<float>(1.0 - b1);
+  P.one_minus_beta1 = 1.0f - h.beta1;  // the host's constants, rounded as it rounds them
   P.beta2 = h.beta2;
-  P.one_minus_beta2 = static_cast<float>(1.0 - b2);
+  P.one_minus_beta2 = 1.0f - h.beta2;
   P.step_size = static_cast<float>(lr / bc1);
-  P.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  P.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
   P.eps = h.eps;
-  P.decay = h.decoupled_weight_decay ? static_cast<float>(1.0 - lr * wd) : 1.0f;
+  P.decay = h.decoupled_weight_decay ? 1.0f - h.lr * h.weight_decay : 1.0f;
   P.l2 = h.decoupled_weight_decay ? 0.0f : h.weight_decay;
 
   const KernelFn kernel = pick(args.grad_dtype, args.copy_dtype, args.state_format, args.master_format);
