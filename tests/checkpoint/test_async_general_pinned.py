@@ -36,11 +36,11 @@ def ddp_case(rank: int, root: str) -> dict | None:
         raise AssertionError("an asynchronous save pinned a buffer per tensor")
 
     async_writes.snapshot = per_tensor
-    import torch.distributed as dist
+    import megalith_comm
 
-    # the GPU test's ranks run NCCL; the CPU test's run Gloo on CPU even where a GPU is
-    on_gpu = dist.get_backend() == "nccl"
-    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    # the world's device: the GPU test's ranks run on CUDA, the CPU test's on CPU even
+    # where a GPU is
+    device = megalith_comm.get_world().device
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     model.register_buffer("seen", torch.zeros(3))  # a persistent buffer goes too

@@ -158,3 +158,15 @@ def test_setters_go_through_the_strategy():
     assert Booster(plugin="zero2", mixed_precision="bf16").plugin.strategy == Strategy(
         plugin="zero2", precision="bf16"
     )
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_booster_keeps_the_precision_of_a_strategy_s_ddp_plugin(precision):
+    """`megalith train --plugin ddp` on a GPU built Booster(plugin=strategy.make_plugin())
+    and trained in fp32 (the DDP plugin took the Booster's mixed_precision=None): 5% MFU."""
+    plugin = Strategy(plugin="ddp", precision=precision).make_plugin()
+    assert Booster(plugin=plugin).plugin.precision == precision
+    again = Strategy(plugin="ddp", precision=precision).make_plugin()
+    assert Booster(plugin=again, mixed_precision="fp32").plugin.precision == "fp32"
+    assert Booster(plugin=TorchDDPPlugin()).plugin.precision == "fp32"  # ColossalAI's rule
+    assert Booster(plugin=TorchDDPPlugin(), mixed_precision=precision).plugin.precision == precision

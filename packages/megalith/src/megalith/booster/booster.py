@@ -148,7 +148,8 @@ class Booster:
                 f"Booster: plugin must be a megalith Plugin or a name, got {type(plugin).__name__}"
             )
         elif not plugin.control_precision():
-            _set_amp(plugin, precision, scaler)
+            if precision is not None or not getattr(plugin, "precision_from_strategy", False):
+                _set_amp(plugin, precision, scaler)
         elif precision is not None and precision != getattr(plugin, "precision", precision):
             warnings.warn(
                 f"Booster: mixed_precision={precision!r} is ignored: {type(plugin).__name__} "
@@ -181,6 +182,10 @@ class Booster:
         one chunk at a time as it is sharded, so no rank holds the whole model."""
         from ..lazy import LazyInitContext, is_lazy
 
+        if getattr(model, "peft_config", None) is not None and is_lazy(model):
+            from ..lazy.adapters import check_adapters
+
+            check_adapters(model)  # peft.get_peft_model after LazyInitContext lost them
         if not _per_chunk(self.plugin):
             from ..pretrained.deferred import take_pending_load
 

@@ -44,9 +44,13 @@ def _has_gpu() -> bool:
 
 def check(args: argparse.Namespace) -> None:
     """ValueError naming the first option that cannot work."""
-    for name in ("steps", "batch_size", "seq_len", "eval_batches", "save_every", "eval_every"):
+    for name in ("steps", "batch_size", "seq_len", "eval_batches", "eval_every"):
         if getattr(args, name, 1) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}; expected >= 1")
+    if getattr(args, "save_every", 1) < 0:
+        raise ValueError(f"--save-every {args.save_every}; expected >= 1 steps, or 0 for none")
+    if getattr(args, "save_every", 1) == 0 and getattr(args, "resume", None):
+        raise ValueError("--save-every 0 with --resume; a run that saves nothing cannot go on")
     budget = getattr(args, "device_budget_gb", None)
     if getattr(args, "offload", "none") == "auto" and budget is None and not _has_gpu():
         raise ValueError(

@@ -321,7 +321,7 @@ def _loop(run: Run) -> int:
                     "mfu": format_mfu(row.get("mfu")),
                 },
             )
-        if step % args.save_every == 0 or step == args.steps or stopped:
+        if args.save_every and (step % args.save_every == 0 or step == args.steps or stopped):
             ckpt_path = state.save(
                 booster,
                 model,

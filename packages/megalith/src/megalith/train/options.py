@@ -87,7 +87,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
         help="resume from a checkpoint dir, or (no value) from this run's latest",
     )
     p.add_argument(
-        "--save-every", type=int, default=200, help="checkpoint every N steps (and at the end)"
+        "--save-every",
+        type=int,
+        default=200,
+        help="checkpoint every N steps (and at the end); 0: no checkpoints",
     )
     p.add_argument(
         "--sync-save",

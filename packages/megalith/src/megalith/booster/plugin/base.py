@@ -81,9 +81,19 @@ def peft_model(
         )
     if isinstance(model, torch.nn.Module) and hasattr(model, "unwrap"):
         raise ValueError(f"{owner}.enable_lora: call it before booster.boost(model)")
-    if pretrained_dir is None:
-        return peft.get_peft_model(model, lora_config)
-    return peft.PeftModel.from_pretrained(model, pretrained_dir, is_trainable=True)
+
+    def make() -> torch.nn.Module:
+        if pretrained_dir is None:
+            return peft.get_peft_model(model, lora_config)
+        return peft.PeftModel.from_pretrained(model, pretrained_dir, is_trainable=True)
+
+    from megalith.lazy import is_lazy
+
+    if is_lazy(model):  # adapters real now, base weights lazy until boost
+        from megalith.lazy.adapters import with_adapters
+
+        return with_adapters(model, make, draws=pretrained_dir is None)
+    return make()
 
 
 def world():
@@ -254,6 +264,10 @@ class StrategyPlugin(Plugin):
         plugin = cls.__new__(cls)
         plugin._default_options()
         StrategyPlugin.__init__(plugin, strategy)
+        # The Strategy names its precision: a Booster without mixed_precision keeps it
+        # (Booster(mixed_precision=None) means fp32 only for a plugin built bare, as in
+        # ColossalAI).
+        plugin.precision_from_strategy = True
         return plugin
 
     def _default_options(self) -> None:
