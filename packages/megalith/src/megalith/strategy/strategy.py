@@ -85,11 +85,6 @@ class Parallel:
                 f"Parallel: sp={self.sp} with sequence_parallelism={mode!r}; an sp axis of its "
                 "own is sequence_parallelism='all_to_all' (split_gather runs over the tp group)"
             )
-        if self.pp > 1 and mode == "all_to_all":
-            raise NotImplementedError(
-                "Parallel: all_to_all sequence parallelism with pp > 1 is not built yet; use "
-                "sequence_parallelism='split_gather'"
-            )
         if self._pipeline_fields() != _NO_PIPELINE:
             self.pipeline_settings()  # checks the schedule and the micro-batches
 

@@ -1,5 +1,7 @@
 """All-to-all (Ulysses-style) sequence parallelism for megalith.models decoders and
-transformers' Llama family (Llama, Mistral, Qwen2, Qwen3; *ForCausalLM, *Model: ulysses_hf.py).
+transformers' Llama family (Llama, Mistral, Qwen2, Qwen3; *ForCausalLM,
+*ForSequenceClassification, *Model: ulysses_hf.py)
+and transformers' GPT-2 models (ulysses_hf_gpt2.py).
 
 Every rank of the sequence group holds the whole model and a shard of the
 sequence. Outside attention nothing needs the other tokens; inside it, an
@@ -146,18 +148,26 @@ def validate_ulysses(model: nn.Module, sp: int, tp: int = 1) -> None:
     from megalith.models import GPTLMHeadModel, LlamaForCausalLM
 
     from .ulysses_hf import is_hf_llama
+    from .ulysses_hf_gpt2 import check_gpt2_config, is_hf_gpt2
 
     hf = is_hf_llama(model)
-    if not hf and not isinstance(model, (GPTLMHeadModel, LlamaForCausalLM)):
+    gpt2 = is_hf_gpt2(model)
+    if not (hf or gpt2) and not isinstance(model, (GPTLMHeadModel, LlamaForCausalLM)):
         cls = type(model)
         raise ValueError(
             "all-to-all sequence parallelism supports megalith.models.GPTLMHeadModel, "
-            "megalith.models.LlamaForCausalLM and transformers' LlamaForCausalLM and "
-            "LlamaModel (and the Mistral, Qwen2 and Qwen3 ones) for now, not "
+            "megalith.models.LlamaForCausalLM and transformers' LlamaForCausalLM, "
+            "LlamaForSequenceClassification and LlamaModel (and the Mistral, Qwen2 and Qwen3 "
+            "ones) and GPT-2 models (GPT2Model, GPT2LMHeadModel, GPT2ForSequenceClassification, "
+            "...) for now, not "
             f"{cls.__module__}.{cls.__name__}; use "
             "sequence_parallelism_mode='split_gather' (with tp_size > 1) for other models"
         )
-    heads = model.config.num_attention_heads if hf else model.config.n_heads
+    if gpt2:
+        check_gpt2_config(model.config)
+        heads = model.config.n_head
+    else:
+        heads = model.config.num_attention_heads if hf else model.config.n_heads
     if heads % (sp * tp):
         raise ValueError(
             f"all-to-all sequence parallelism: sp_size {sp} x tp_size {tp} = {sp * tp} does not "
@@ -172,9 +182,17 @@ def apply_ulysses(model: nn.Module, group: ProcessGroup) -> nn.Module:
     from megalith.models import GPTLMHeadModel
 
     from .ulysses_hf import UlyssesHFLlamaAttention, hf_layers, is_hf_llama
+    from .ulysses_hf_gpt2 import UlyssesHFGPT2Attention, gpt2_blocks, is_hf_gpt2
 
     tp_info = getattr(model, "tp_info", None)
     validate_ulysses(model, group.size, tp_info.group.size if tp_info is not None else 1)
+    if is_hf_gpt2(model):
+        blocks = gpt2_blocks(model)
+        for block in blocks:
+            block.attn = _with_hooks_of(block.attn, UlyssesHFGPT2Attention(block.attn, group))
+        sequence_parallel_span(blocks[0], blocks[-1], group)
+        reduce_partial_grads([p for b in blocks for p in b.parameters()], group, SP_FLAG)
+        return model
     if is_hf_llama(model):
         layers = hf_layers(model)
         for layer in layers:

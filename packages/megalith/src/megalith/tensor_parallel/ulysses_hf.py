@@ -1,5 +1,5 @@
 """All-to-all (Ulysses) attention for transformers' Llama-family decoders (Llama, Mistral,
-Qwen2, Qwen3: *ForCausalLM and *Model), the module ulysses.apply_ulysses puts in each
+Qwen2, Qwen3: *ForCausalLM, *ForSequenceClassification and *Model), the module ulysses.apply_ulysses puts in each
 layer's `self_attn`.
 
 transformers' LlamaModel (and its Mistral / Qwen siblings) computes the rotary embeddings and the attention mask for the
@@ -29,7 +29,9 @@ from .policies.llama import FAMILIES
 from .ulysses import heads_to_seq, seq_to_heads
 
 #: transformers' decoders whose attention this module replaces (the Llama policy's families)
-HF_CLASSES = tuple(f + head for f in FAMILIES for head in ("ForCausalLM", "Model"))
+HF_CLASSES = tuple(
+    f + head for f in FAMILIES for head in ("ForCausalLM", "ForSequenceClassification", "Model")
+)
 
 
 def is_hf_llama(model: nn.Module) -> bool:

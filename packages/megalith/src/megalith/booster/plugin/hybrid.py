@@ -6,7 +6,8 @@ any divisor of the world size, pp_size >= 1 (pp_style "1f1b", "interleaved",
 reduce-scatters once per step, after the last micro-batch), precision fp32, bf16
 or fp16, enable_sequence_parallelism with sequence_parallelism_mode="split_gather"
 (over the tp group) or "all_to_all" (Ulysses over an sp axis of its own, sp_size
->= 2, beside any tp_size; megalith.models and transformers' Llama), custom_policy (and the task heads of transformers' GPT-2, Llama, BERT and T5 models, for tp
+>= 2, beside any tp_size and pp_size; megalith.models, transformers' Llama and GPT-2),
+custom_policy (and the task heads of transformers' GPT-2, Llama, BERT and T5 models, for tp
 and for pp: tensor_parallel/policies), parallel_output (True, ColossalAI's default: a causal
 LM's logits stay vocabulary-parallel and its loss is computed on the shards; False: full
 logits on every tp rank), gradient_checkpoint_config (checkpointing.py:
@@ -31,7 +32,10 @@ Composition (one place, fixed order):
   4. pp_size > 1: cut the sharded model into stages over the pp axis of
      Mesh(pp, dp, sp, tp) (megalith_pipeline), the optimizer keeps this rank's
      stages, the other stages' tensors are freed (meta: megalith_pipeline's
-     free_other_stages), and steps run through booster.execute_pipeline; a weight
+     free_other_stages), and steps run through booster.execute_pipeline (under
+     all_to_all sequence parallelism each stage's layers run on this sp rank's sequence
+     shard, which the p2p carries: the split and gather hooks sit on the first and last
+     layer of the whole model, and every layer's gradients are all-reduced over sp); a weight
      tied across stages (tie_word_embeddings) has its stages' gradients summed over
      the first and last stage (under ZeRO stage 1 in its reduced gradients);
   5. data parallel over the dp axis: zero_stage 0 averages gradients after
@@ -202,11 +206,6 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
         seq = sequence_settings(
             enable_sequence_parallelism, sequence_parallelism_mode, sp_size, tp_size
         )
-        if pp_size > 1 and seq.mode == "all_to_all":
-            raise NotImplementedError(
-                "HybridParallelPlugin: all_to_all sequence parallelism with pp_size > 1 is not "
-                "built yet; use sequence_parallelism_mode='split_gather' (with tp_size > 1)"
-            )
         if zero_stage not in (0, 1, 2):
             raise ValueError(
                 f"HybridParallelPlugin: zero_stage={zero_stage}; 0, 1 or 2 (stage 3 with "
