@@ -201,6 +201,8 @@ def shard(
     if not params:
         raise ValueError("megalith_zero: the model has no parameters")
     devices = {p.device for _, p, _ in params}
+    if materialize is not None:  # lazy ones become real on its device (a real adapter beside)
+        devices = {materialize.device if d.type == "meta" else d for d in devices}
     if len(devices) != 1:
         raise ValueError(
             f"megalith_zero: parameters are on {sorted(map(str, devices))}; move the model to one device"

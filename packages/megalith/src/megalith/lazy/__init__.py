@@ -10,6 +10,7 @@ context.py     LazyInitContext, is_lazy
 trace.py       the record of ops on meta tensors, and its replay
 random_ops.py  the generator state before each random op, so a part replays alone
 chunks.py      ChunkMaterializer: a few parameters at a time, as the ZeRO plugins shard
+adapters.py    peft adapters on a lazy model (booster.enable_lora): real now, eager's values
 """
 
 from .chunks import ChunkMaterializer

@@ -56,6 +56,10 @@ def _replace(owner: torch.nn.Module, name: str, new: torch.Tensor, is_param: boo
         owner._buffers[name] = new
 
 
+def _cuda_states(trace: Trace) -> list[torch.Tensor] | None:
+    return torch.cuda.get_rng_state_all() if trace.cuda_rng is not None else None
+
+
 def is_lazy(module: torch.nn.Module) -> bool:
     """Whether module holds tensors a LazyInitContext made and nothing materialised yet."""
     return any(_trace_of(t) is not None for _, _, t, _ in _tensors(module))
@@ -107,6 +111,8 @@ class LazyInitContext:
         if recorder is None:
             raise RuntimeError("LazyInitContext: __exit__ without __enter__")
         recorder.__exit__(*exc)
+        trace = recorder.trace  # where the generators stood (lazy ops draw nothing)
+        trace.exit_rng = (torch.random.get_rng_state(), _cuda_states(trace))
 
     @staticmethod
     def materialize(module: torch.nn.Module, verbose: bool = False) -> torch.nn.Module:

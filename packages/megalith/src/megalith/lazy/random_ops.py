@@ -68,9 +68,19 @@ def _now(cuda: bool) -> State:
 def generator_states(trace: Trace) -> dict[int, State]:
     """{op index: the default generators' (cpu, cuda) state just before it} for every
     random op of the record, as eager construction had them (computed once per trace)."""
+    return _walk(trace)[0]
+
+
+def state_after(trace: Trace) -> State:
+    """The default generators' state eager construction left them in (after the
+    record's last random op), from the same walk."""
+    return _walk(trace)[1]
+
+
+def _walk(trace: Trace) -> tuple[dict[int, State], State]:
     cached = getattr(trace, "_generator_states", None)
     if cached is not None and cached[0] == len(trace.ops):
-        return cached[1]
+        return cached[1], cached[2]
     cuda = trace.cuda_rng is not None
     before = _now(cuda)
     states: dict[int, State] = {}
@@ -84,12 +94,13 @@ def generator_states(trace: Trace) -> dict[int, State]:
                 if draws(op.func):
                     states[i] = _now(cuda)
                     scratch.draw(op)
+        end = _now(cuda)
     finally:
         torch.random.set_rng_state(before[0])
         if before[1] is not None:
             torch.cuda.set_rng_state_all(before[1])
-    trace._generator_states = (len(trace.ops), states)
-    return states
+    trace._generator_states = (len(trace.ops), states, end)
+    return states, end
 
 
 class _Scratch:

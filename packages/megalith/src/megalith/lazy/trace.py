@@ -71,6 +71,8 @@ class Trace:
         self.devices: dict[int, torch.device] = {}
         self.cpu_rng = torch.random.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        #: the generators' (cpu, cuda) state when the context closed (None while open)
+        self.exit_rng: tuple[torch.Tensor, list[torch.Tensor] | None] | None = None
 
     def knows(self, t: torch.Tensor) -> bool:
         return t.is_meta and storage_key(t) in self.storages

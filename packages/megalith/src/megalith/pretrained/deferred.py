@@ -40,14 +40,24 @@ def defer_load(module: torch.nn.Module, directory: str | os.PathLike, strict: bo
     setattr(module, _ATTR, PendingLoad(str(directory), strict))
 
 
+def _holder(module: torch.nn.Module) -> torch.nn.Module:
+    """module, or the base model of a peft model built on it after load_model."""
+    if _ATTR not in vars(module) and hasattr(module, "get_base_model"):
+        if hasattr(module, "peft_config"):
+            return module.get_base_model()
+    return module
+
+
 def pending_load(module: torch.nn.Module) -> PendingLoad | None:
-    """The checkpoint defer_load recorded on module, or None."""
-    return getattr(module, _ATTR, None)
+    """The checkpoint defer_load recorded on module (or on the model a peft model
+    wraps), or None."""
+    return vars(_holder(module)).get(_ATTR)
 
 
 def take_pending_load(module: torch.nn.Module) -> PendingLoad | None:
-    """pending_load, forgotten by module (boost reads it once)."""
-    pending = pending_load(module)
+    """pending_load, forgotten (boost reads it once)."""
+    holder = _holder(module)
+    pending = vars(holder).get(_ATTR)
     if pending is not None:
-        delattr(module, _ATTR)
+        delattr(holder, _ATTR)
     return pending

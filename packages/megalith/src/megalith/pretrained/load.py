@@ -14,13 +14,16 @@ when the dtype differs); the Parameter object stays the same (torch.utils.swap_t
 so ties and an optimizer built on the lazy model hold. A parameter with storage is
 overwritten in place. Buffers the checkpoint does not hold (a rotary inv_freq) are
 replayed from the lazy record alone (megalith.lazy.materialize_rest): nothing random is
-drawn for a parameter the files fill.
+drawn for a parameter the files fill. A peft model built on such a model (enable_lora
+before or after booster.load_model) takes its base model's checkpoint: peft's names
+are mapped back and its adapters left as they are.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,15 +46,35 @@ class _Slot:
         self.places: list[tuple[torch.nn.Module, str]] = []
 
 
+def _peft_view(module: torch.nn.Module) -> tuple[torch.nn.Module, Callable[[str], str | None]]:
+    """The module whose tensors a checkpoint of the model fills, and the checkpoint's
+    name of each of its tensors (None: not the checkpoint's). A peft model's: its base
+    model, names without peft's "base_layer" step, its LoRA adapters none (a base
+    model's files do not hold them)."""
+    if not (hasattr(module, "get_base_model") and hasattr(module, "peft_config")):
+        return module, lambda name: name
+
+    def name_of(name: str) -> str | None:
+        parts = name.split(".")
+        if any(p.startswith("lora_") for p in parts):
+            return None
+        return ".".join(p for p in parts if p != "base_layer")
+
+    return module.get_base_model(), name_of
+
+
 def _slots(module: torch.nn.Module) -> list[_Slot]:
+    module, name_of = _peft_view(module)
     slots: dict[int, _Slot] = {}
     for prefix, owner in module.named_modules(remove_duplicate=False):
         for is_param, table in ((True, owner._parameters), (False, owner._buffers)):
             for attr, t in table.items():
                 if t is None:
                     continue
+                name = name_of(f"{prefix}.{attr}" if prefix else attr)
+                if name is None:
+                    continue
                 slot = slots.setdefault(id(t), _Slot(t, is_param))
-                name = f"{prefix}.{attr}" if prefix else attr
                 if name not in slot.names:
                     slot.names.append(name)
                     slot.places.append((owner, attr))
@@ -76,7 +99,8 @@ def fit(
     strict, refuses a checkpoint that leaves a parameter or persistent buffer unfilled
     or holds a tensor with no place."""
     slots = _slots(module)
-    persistent = set(module.state_dict(keep_vars=True))
+    base, name_of = _peft_view(module)
+    persistent = {name_of(k) for k in base.state_dict(keep_vars=True)}
     found, unused = plan([s.names for s in slots], files.keys())
     missing = [
         s.names[0]
