@@ -19,6 +19,14 @@ wrapper back around the layer the policy made, and splits the adapter to match i
 - a replicated projection of which a rank uses some rows (HeadRowsLinear, grouped kv
   heads): A whole, B's same rows, both with all-reduced gradients, as the base's.
 
+Under Megatron-style sequence parallelism (split_gather) a column-parallel base reads
+the all-gathered sequence (the region's, or its own seq_all_gather, which B then does
+to A(x) of this rank's tokens): A's gradient is all-reduced as above. A row-parallel
+base's sum is a reduce-scatter along the sequence, and so is A's: B then meets only
+this rank's tokens and all-reduces its gradient. Under Ulysses (all_to_all) nothing is
+split here: the adapters stay whole in their layers and the sp group all-reduces their
+gradients with every other block parameter's (ulysses.py).
+
 This is Megatron's split carried into the adapter: no rank holds or computes more of
 an adapter than its share of the base layer needs, the sums are the whole model's
 (losses equal plain peft's up to summation order), and the sharded adapters carry
@@ -49,20 +57,13 @@ def peft_base(model: nn.Module) -> nn.Module:
     return model
 
 
-def shard_with_adapters(
-    model: nn.Module, group: ProcessGroup, shard: Callable[[], object], sequence_parallel: bool
-) -> None:
+def shard_with_adapters(model: nn.Module, group: ProcessGroup, shard: Callable[[], object]) -> None:
     """Runs shard() (the policy's in-place sharding of `model`) with every LoRA layer's base
     layer in the wrapper's place, then splits each adapter as its new base layer is split."""
     wrappers = [(n, m) for n, m in model.named_modules() if is_lora_layer(m)]
     if not wrappers:
         shard()
         return
-    if sequence_parallel:
-        raise NotImplementedError(
-            "LoRA adapters with sequence parallelism are not built yet (adapters on sequence "
-            "shards need their own gradient reductions); use enable_sequence_parallelism=False"
-        )
     for name, wrapper in wrappers:
         _check_plain(name, wrapper)
         parent, attr = _parent(model, name)
@@ -111,6 +112,8 @@ def _split_adapters(name: str, wrapper: nn.Module, group: ProcessGroup) -> None:
                 a, group, input_is_parallel=base.input_is_parallel,
                 sequence_parallel=base.sequence_parallel,
             )  # fmt: skip
+            if base.sequence_parallel:  # B sees this rank's tokens only
+                wrapper.lora_B[key] = _reduced(b, group)
         elif isinstance(base, HeadRowsLinear):
             wrapper.lora_A[key] = _reduced(a, group)
             wrapper.lora_B[key] = HeadRowsLinear(b, group, base.rows)

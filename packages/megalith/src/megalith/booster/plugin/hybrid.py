@@ -481,7 +481,7 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
         if self.tp_size > 1:
             policy.validate(base, self.tp_size)  # before the mesh's collectives
         if self.sp_mode == "all_to_all":
-            validate_ulysses(model, self.sp_size, self.tp_size)
+            validate_ulysses(base, self.sp_size, self.tp_size)
         model = model.to(w.device)
         before = {id(p): name for name, p in model.named_parameters()}
         self._build_mesh()
@@ -494,11 +494,11 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
                 shard_model(base, tp, sequence_parallel=sp, gather_logits=not parallel_logits,
                             policy=policy)  # fmt: skip
 
-            shard_with_adapters(base, tp, shard, sp)  # peft adapters split as their layers
+            shard_with_adapters(base, tp, shard)  # peft adapters split as their layers
             if parallel_logits:
                 install_parallel_loss(base, tp)
-        if self.sp_mode == "all_to_all":
-            apply_ulysses(model, self.mesh.group("sp"))
+        if self.sp_mode == "all_to_all":  # a peft model's adapters stay in its layers
+            apply_ulysses(base, self.mesh.group("sp"))
         if self.checkpointing is not None:
             apply_checkpointing(model, self.checkpointing)
         # an optimizer that has stepped: its states follow the tp shards (param_states.py)

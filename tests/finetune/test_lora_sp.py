@@ -1,0 +1,71 @@
+"""LoRA under HybridParallelPlugin with sequence parallelism (issue 19, item 3) on CPU
+ranks: peft adapters on transformers' tiny Llama under Ulysses (sp 2, all_to_all) and on
+Llama and GPT-2 under Megatron's split_gather (tp 2), and tp 2 x sp 2 Ulysses on 4 ranks,
+start from plain peft's adapter values and equal plain peft on one process: the first
+step's loss and every adapter gradient (fp32, 1e-5 relative), the losses of three SGD
+steps; the base weights stay frozen; the adapter save_lora_as_pretrained writes loads
+with peft.PeftModel.from_pretrained into the plain model here and gives the boosted
+model's logits (and plain peft's trained adapter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megalith.testing import run_grid
+
+pytest.importorskip("peft")
+pytest.importorskip("transformers")
+
+
+def _check(settings, results, tp_of) -> None:
+    import peft
+
+    from tests.finetune import lora_sp_workers as w
+
+    for (layout, family, directory, seed), per_rank in zip(settings, results):
+        want = w.reference(family, seed)
+        assert want["losses"][-1] < want["losses"][0], want["losses"]
+        for r in per_rank:
+            where = (layout, family, r["losses"], want["losses"])
+            assert r["loss"] < 1e-5, where
+            assert r["grad_names"] == r["want_grad_names"], (layout, family)
+            assert r["grad_names"] and all("lora_" in n for n in r["grad_names"])
+            assert max(r["grad_error"].values()) < 1e-5, (layout, family, r["grad_error"])
+            assert r["trainable"] == r["grad_names"] or sorted(r["trainable"]) == r["grad_names"]
+            assert r["n_frozen"] > 0 and r["frozen_moved"] == 0.0, (layout, family)
+            assert r["logits_error"] < 1e-4, (layout, family, r["logits_error"])
+        tp = tp_of(layout)  # ranks 0..tp-1 hold the vocabulary shards of the logits
+        boosted = torch.cat([r["logits"] for r in per_rank[:tp]], dim=-1)
+        loaded = peft.PeftModel.from_pretrained(w.base_model(family), directory).eval()
+        with torch.no_grad():
+            got = loaded(input_ids=w.batch(seed)).logits
+        torch.testing.assert_close(got, boosted, rtol=1e-5, atol=1e-5, msg=f"{layout} {family}")
+        adapter = peft.get_peft_model_state_dict(loaded)
+        assert adapter.keys() == want["adapter"].keys(), (layout, family)
+        for k, v in want["adapter"].items():
+            torch.testing.assert_close(adapter[k], v, rtol=1e-4, atol=1e-5, msg=f"{layout} {k}")
+
+
+@pytest.mark.timeout(120)
+def test_lora_under_ulysses_and_split_gather_is_plain_peft(tmp_path, gen):
+    from tests.finetune import lora_sp_workers as w
+
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    grid = [
+        ("sp2_all_to_all", "llama"),
+        ("tp2_split_gather", "llama"),
+        ("tp2_split_gather", "gpt2"),
+    ]
+    settings = [(lay, fam, str(tmp_path / f"{lay}-{fam}"), seed) for lay, fam in grid]
+    results = run_grid(w.sp_lora, settings, 2, timeout=100)
+    _check(settings, results, lambda layout: 2 if layout.startswith("tp2") else 1)
+
+
+@pytest.mark.timeout(120)
+def test_lora_under_tp2_x_ulysses_sp2_is_plain_peft(tmp_path, gen):
+    from tests.finetune import lora_sp_workers as w
+
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    settings = [("tp2_sp2_all_to_all", "llama4", str(tmp_path / "tp2sp2"), seed)]
+    _check(settings, run_grid(w.sp_lora, settings, 4, timeout=100), lambda layout: 2)
