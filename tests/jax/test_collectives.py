@@ -1,10 +1,10 @@
 """megalith.jax's collectives and zero1_adamw on CPU ranks (Gloo), one group per world size.
 
-- all_reduce / reduce_scatter / all_gather at world sizes 2, 3, 4 on fresh random inputs
+- all_reduce / reduce_scatter / all_gather at world sizes 1, 2, 3, 4 on fresh random inputs
   equal numpy's reduction of the same inputs (rows that do not divide split as
   numpy.array_split does);
 - zero1_adamw trains a small MLP for 20 steps on each rank's share of random batches
-  (eagerly and under jax.jit) at world 2 (even shards) and 3 (uneven): equal to
+  (eagerly and under jax.jit) at world 2 (even shards) and 3 (uneven), and 1: equal to
   single-process optax.adamw on the whole batch within fp32 rounding, parameters the
   same on every rank, each rank's state 1/world of the full one;
 - misuses fail on every rank with a message naming the fix, and the group goes on.
@@ -138,11 +138,15 @@ def check_errors(size: int, results: list[dict]) -> None:
         np.testing.assert_allclose(out["after"], np.sum(x, 0), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
 def test_collectives_and_zero1(size, rng):
     seed = int(rng.integers(2**31))
-    settings = [("collectives", dict(seed=seed)), ("errors", dict(seed=42))]
-    if size <= 3:
+    settings = [("collectives", dict(seed=seed))]
+    if size > 1:  # one rank cannot disagree with the others
+        settings.append(("errors", dict(seed=42)))
+    if size == 1:  # no communication: the shard is the whole
+        settings.append(("zero1", dict(seed=seed, jit=False)))
+    elif size <= 3:
         settings += [
             ("zero1", dict(seed=seed, jit=False)),
             ("zero1", dict(seed=seed + 1, jit=True)),

@@ -116,8 +116,8 @@ class Zero1State:
             self.master[s.at : s.at + s.hi - s.lo] = host_view(flat[s.leaf]).reshape(-1)[
                 s.lo : s.hi
             ]
-        self.grad_shard = np.empty(n, np.float32)
         self.flat_grads = np.empty(self.total, np.float32)  # reduce-scatter's input
+        self.grad_shard = self.flat_grads if group.size == 1 else np.empty(n, np.float32)
         self.decay = [True] * len(flat)
         self.steps = 0
 
@@ -235,16 +235,20 @@ class Zero1AdamW:
             np.copyto(state.flat_grads[offset : offset + n], host_view(x).reshape(-1))
             offset += n
         even = len(set(state.counts)) == 1
-        send, shard = torch.from_numpy(state.flat_grads), torch.from_numpy(state.grad_shard)
-        comm.reduce_scatter(
-            shard, send if even else list(torch.split(send, state.counts)), op="avg", group=g
-        )
+        if g.size > 1:  # one rank: the flat gradients are the shard
+            send, shard = torch.from_numpy(state.flat_grads), torch.from_numpy(state.grad_shard)
+            comm.reduce_scatter(
+                shard, send if even else list(torch.split(send, state.counts)), op="avg", group=g
+            )
+        # fresh each step: JAX may adopt the updates' memory without a copy
         update_shard = np.empty_like(state.grad_shard)
         self._step_shard(params, state, count + 1, lr, wd, update_shard)
         state.steps = count + 1
-        updates = np.empty(state.total, np.float32)  # fresh: JAX may adopt it without a copy
-        out, mine = torch.from_numpy(updates), torch.from_numpy(update_shard)
-        comm.all_gather(out if even else list(torch.split(out, state.counts)), mine, group=g)
+        updates = update_shard
+        if g.size > 1:
+            updates = np.empty(state.total, np.float32)
+            out, mine = torch.from_numpy(updates), torch.from_numpy(update_shard)
+            comm.all_gather(out if even else list(torch.split(out, state.counts)), mine, group=g)
         leaves, offset = [], 0
         for shape, n in zip(state.shapes, state.sizes):
             leaves.append(updates[offset : offset + n].reshape(shape))
