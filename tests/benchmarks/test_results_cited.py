@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 NAME = re.compile(
-    r"^\d{4}-\d{2}-\d{2}_(cpu\d*|h200|h200x\d+)(_[A-Za-z0-9_]+)?\.(md|txt|jsonl|json)$"
+    r"^\d{4}-\d{2}-\d{2}_(cpu\d*|h200|h200x\d+)(_[A-Za-z0-9_]+)?\.(md|txt|jsonl|json|png)$"
 )
 
 
