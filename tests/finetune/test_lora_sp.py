@@ -1,6 +1,6 @@
 """LoRA under HybridParallelPlugin with sequence parallelism (issue 19, item 3) on CPU
-ranks: peft adapters on transformers' tiny Llama under Ulysses (sp 2, all_to_all) and on
-Llama and GPT-2 under Megatron's split_gather (tp 2), and tp 2 x sp 2 Ulysses on 4 ranks,
+ranks: peft adapters on transformers' tiny Llama and GPT-2 under Ulysses (sp 2,
+all_to_all) and Megatron's split_gather (tp 2), and Llama at tp 2 x sp 2 Ulysses on 4 ranks,
 start from plain peft's adapter values and equal plain peft on one process: the first
 step's loss and every adapter gradient (fp32, 1e-5 relative), the losses of three SGD
 steps; the base weights stay frozen; the adapter save_lora_as_pretrained writes loads
@@ -54,6 +54,7 @@ def test_lora_under_ulysses_and_split_gather_is_plain_peft(tmp_path, gen):
     seed = int(torch.randint(0, 2**31, (1,), generator=gen))
     grid = [
         ("sp2_all_to_all", "llama"),
+        ("sp2_all_to_all", "gpt2"),
         ("tp2_split_gather", "llama"),
         ("tp2_split_gather", "gpt2"),
     ]
