@@ -126,7 +126,13 @@ BAD = [
     (["--resume", "--overwrite"], "--overwrite with --resume"),
     (["--momentum", "1.5", "--optimizer", "sgd"], "--momentum 1.5; expected a number in [0, 1)"),
     (["--plugin", "auto", "--grad-accum", "2"], "--grad-accum with --plugin auto"),
+    (["--save-every", "-1"], "--save-every -1; expected >= 1 steps, or 0 for none"),
+    (["--save-every", "0", "--resume"], "--save-every 0 with --resume"),
 ]
+
+
+def test_save_every_zero_is_accepted():
+    choices.check(_parse("--save-every", "0"))  # no checkpoints at all (benchmarks)
 
 
 @pytest.mark.parametrize(("words", "message"), BAD)
