@@ -11,7 +11,9 @@ from the step), the trained adapters, base weights bit-equal and frozen, and an
 adapter saved with save_lora_as_pretrained that peft loads into the eager base with
 the eager peft model's logits. peft.get_peft_model inside the context works too
 (adapters recorded and replayed per chunk); after it, boost refuses the model, whose
-adapters peft moved to the meta device."""
+adapters peft moved to the meta device. On one process: the adapters and the generators
+after enable_lora are eager peft's, bit for bit; a saved adapter (pretrained_dir) loads
+onto a lazy model."""
 
 from __future__ import annotations
 
@@ -109,3 +111,26 @@ def test_adapters_are_eager_peft_s_and_the_generators_end_where_eager_ones_do(re
     assert eager.keys() == lazy.keys()
     assert all(v.device.type == "cpu" and torch.equal(v, eager[k]) for k, v in lazy.items())
     assert torch.equal(eager_rng, lazy_rng)
+
+
+def test_a_saved_adapter_loads_onto_a_lazy_model(tmp_path, gen):
+    """enable_lora(pretrained_dir=...) on a lazy model: the saved adapter's values, real,
+    beside base weights still on the meta device (peft would leave meta copies)."""
+    import peft
+
+    from megalith.booster.plugin.base import peft_model
+    from megalith.lazy import LazyInitContext
+    from tests.finetune.lora_hybrid_workers import lora_config
+    from tests.finetune.workers import build
+
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    saved = peft.get_peft_model(build("gpt2"), lora_config("gpt2"))
+    saved.save_pretrained(str(tmp_path))
+    with LazyInitContext():
+        base = build("gpt2")
+    model = peft_model("Test", base, str(tmp_path), None, None)
+    want, got = peft.get_peft_model_state_dict(saved), peft.get_peft_model_state_dict(model)
+    assert want.keys() == got.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert trainable and all(not p.is_meta for p in trainable)
+    assert all(p.is_meta for n, p in model.named_parameters() if "lora_" not in n)
