@@ -44,6 +44,17 @@ def hf_layers(model: nn.Module) -> nn.ModuleList:
     return model.model.layers if hasattr(model, "model") else model.layers
 
 
+def refuse_filled_cache(cache: Any, layer_idx: int) -> None:
+    """transformers makes an empty cache whenever config.use_cache is on (training too):
+    nothing to read from it; one already filled would hold other tokens' keys."""
+    if cache is not None and cache.get_seq_length(layer_idx) > 0:
+        raise NotImplementedError(
+            "all-to-all sequence parallelism runs whole sequences, split over the sp "
+            "ranks; it cannot continue from a key/value cache: generate without "
+            "sequence parallelism"
+        )
+
+
 class UlyssesHFLlamaAttention(nn.Module):
     def __init__(self, attn: nn.Module, group: ProcessGroup) -> None:
         super().__init__()
@@ -76,14 +87,7 @@ class UlyssesHFLlamaAttention(nn.Module):
     ) -> tuple[torch.Tensor, None]:
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-        # transformers makes an empty cache whenever config.use_cache is on (training too):
-        # nothing to read from it; one already filled would hold other tokens' keys
-        if cache is not None and cache.get_seq_length(self.layer_idx) > 0:
-            raise NotImplementedError(
-                "all-to-all sequence parallelism runs whole sequences, split over the sp "
-                "ranks; it cannot continue from a key/value cache: generate without "
-                "sequence parallelism"
-            )
+        refuse_filled_cache(cache, self.layer_idx)
         kwargs.pop("use_cache", None)
         kwargs.pop("position_ids", None)
         batch, seq, _ = hidden_states.shape

@@ -19,21 +19,14 @@ from torch import nn
 
 from megalith_comm import ProcessGroup
 
+from .policies.gpt2 import _is_hf as is_hf
 from .ulysses import heads_to_seq, seq_to_heads
-
-HF_GPT2_CLASSES = (
-    "GPT2Model",
-    "GPT2LMHeadModel",
-    "GPT2DoubleHeadsModel",
-    "GPT2ForSequenceClassification",
-    "GPT2ForTokenClassification",
-    "GPT2ForQuestionAnswering",
-)
+from .ulysses_hf import refuse_filled_cache
 
 
 def is_hf_gpt2(model: nn.Module) -> bool:
-    cls = type(model)
-    return cls.__name__ in HF_GPT2_CLASSES and cls.__module__.startswith("transformers.")
+    """A transformers GPT-2 model of a class the tensor-parallel policy covers."""
+    return is_hf(model)
 
 
 def gpt2_blocks(model: nn.Module) -> nn.ModuleList:
@@ -74,12 +67,7 @@ class UlyssesHFGPT2Attention(nn.Module):
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
         from transformers.models.gpt2.modeling_gpt2 import eager_attention_forward
 
-        if cache is not None and cache.get_seq_length(self.layer_idx) > 0:
-            raise NotImplementedError(
-                "all-to-all sequence parallelism runs whole sequences, split over the sp "
-                "ranks; it cannot continue from a key/value cache: generate without "
-                "sequence parallelism"
-            )
+        refuse_filled_cache(cache, self.layer_idx)
         for name in ("use_cache", "position_ids", "output_attentions"):
             kwargs.pop(name, None)
         batch, seq, _ = hidden_states.shape
