@@ -11,7 +11,8 @@ keeps them; ignored_modules' parameters stay unsharded; param_init_fn materialis
 meta-device modules; sync_module_states broadcasts rank 0's parameters and buffers.
 
 The user's optimizer keeps its param groups: their parameters are replaced by the
-sharded ones (so an LR scheduler built on it before boost() still drives it). The
+sharded ones (so an LR scheduler built on it before boost() still drives it), and an
+optimizer that has stepped (a resumed script) keeps its states as their shards. The
 boosted model's and optimizer's state_dict() are the full ones (gathered, plain
 tensors, on every rank), and checkpoints are GeneralCheckpointIO's files, gathered
 and re-sharded tensor by tensor (FSDPCheckpointIO).
@@ -61,6 +62,62 @@ def local_like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         value = value.to(device=like.device, dtype=like.dtype)
         return distribute_tensor(value, like.device_mesh, like.placements, src_data_rank=None)
     return value
+
+
+def check_shardable_states(optimizer: torch.optim.Optimizer, names: dict[int, str]) -> None:
+    """Refuses, before anything is sharded, a stepped optimizer's state that FSDP cannot
+    slice as it slices the parameter: a tensor of another shape (a factored second
+    moment) or a quantised one (int8 moments, whose block scales do not slice)."""
+    for p, entry in optimizer.state.items():
+        for k, v in entry.items():
+            if not torch.is_tensor(v) or v.dim() == 0:
+                continue
+            if not v.is_floating_point():
+                raise ValueError(
+                    f"TorchFSDPPlugin: boost() of an optimizer that has stepped: its state "
+                    f"{k!r} of {names.get(id(p), 'a parameter')!r} is quantised "
+                    f"({v.dtype}), and its blocks do not follow FSDP's slices: boost the "
+                    "optimizer before its first step, or keep fp32 / bf16 states "
+                    "(state_dtype='fp32' or 'bf16')"
+                )
+            if v.shape != p.shape:
+                raise ValueError(
+                    f"TorchFSDPPlugin: boost() of an optimizer that has stepped: its state "
+                    f"{k!r} of {names.get(id(p), 'a parameter')!r} has shape "
+                    f"{tuple(v.shape)}, the parameter {tuple(p.shape)}, and only states of "
+                    "the parameter's shape can become its FSDP shards: boost the optimizer "
+                    "before its first step, or use one whose states have the parameter's "
+                    "shape (Adam, AdamW, SGD)"
+                )
+
+
+def follow_fsdp_params(
+    optimizer: torch.optim.Optimizer, model: torch.nn.Module, names: dict[int, str]
+) -> None:
+    """Points the optimizer at the model's parameters after fully_shard (by the names
+    they had before) and makes each parameter's states this rank's shards of them, in
+    the states' own dtype ("step" and other scalars kept)."""
+    now = dict(model.named_parameters(remove_duplicate=False))
+    for g in optimizer.param_groups:
+        params = []
+        for p in g["params"]:
+            q = now[names[id(p)]]
+            entry = optimizer.state.pop(p, None)
+            if entry:
+                optimizer.state[q] = {k: _state_shard(v, q) for k, v in entry.items()}
+            params.append(q)
+        g["params"] = params
+
+
+def _state_shard(value: Any, param: torch.Tensor) -> Any:
+    if not torch.is_tensor(value) or value.dim() == 0:
+        return value
+    value = value.detach().to(param.device)
+    if not isinstance(param, _dtensor()):  # an ignored module's parameter
+        return value
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(value, param.device_mesh, param.placements, src_data_rank=None)
 
 
 class TorchFSDPModel(ModelWrapper):
@@ -307,19 +364,16 @@ class TorchFSDPPlugin(StrategyPlugin, DPPluginBase):
 
     def configure(self, model, optimizer, criterion, dataloader, lr_scheduler):
         w = world()
-        if optimizer is not None and any(optimizer.state.values()):
-            raise ValueError(
-                "TorchFSDPPlugin: boost() wants an optimizer that has not stepped (its "
-                "parameters become the sharded ones); load its state after boost()"
-            )
         names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+        if optimizer is not None:
+            check_shardable_states(optimizer, names)
         model = apply_fsdp(self, model, w.device)
         wrapped = TorchFSDPModel(model)
         opt = None
         if optimizer is not None:
-            now = dict(model.named_parameters(remove_duplicate=False))
-            for g in optimizer.param_groups:
-                g["params"] = [now[names[id(p)]] for p in g["params"]]
+            # an optimizer that has stepped (resumed, warmed up): its states follow
+            # their parameters onto FSDP's shards
+            follow_fsdp_params(optimizer, model, names)
             opt = FSDPOptimizer(optimizer, wrapped)
         return wrapped, opt, criterion, dataloader, lr_scheduler
 
