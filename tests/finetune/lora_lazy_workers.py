@@ -99,6 +99,15 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
 
+def _step_error(before: torch.Tensor, got: torch.Tensor, want: torch.Tensor) -> float:
+    """The error of one plain SGD step's change (LR x the gradient) relative to its
+    largest, beyond what storing the two results in fp32 may add (an ulp each of the
+    largest value: the step is small beside the weights it changes)."""
+    slack = 2 * torch.finfo(torch.float32).eps * float(torch.stack([got, want]).abs().max())
+    excess = max(0.0, float((got - want).abs().max()) - slack)
+    return excess / float((want - before).abs().max())
+
+
 def _snapshot(booster: Any, model: Any) -> dict[str, torch.Tensor]:
     """Every tensor of the boosted model, whole, on the writer (collective)."""
     from megalith.booster.checkpoint_io.lora import full_tensors
@@ -180,10 +189,9 @@ def lazy_lora(rank: int, setting: tuple[str, str, str, int, str | None, str]) ->
     adapters = [k for k in named if "lora_" in k]
     out["missing"] = [k for k in adapters if k not in first]
     # one plain SGD step: the change is -LR x the gradient
-    out["grad_error"] = max(
-        _relative(first[k] - start[k], want_after[0][k] - start[k]) for k in adapters
-    )
+    out["grad_error"] = max(_step_error(start[k], first[k], want_after[0][k]) for k in adapters)
     out["adapter_error"] = max(_relative(last[k], want_after[-1][k]) for k in adapters)
+    out["adapters"] = {k: last[k] for k in adapters}
     frozen = [k for k in named if "lora_" not in k and k in last]
     out["n_base"] = len(frozen)
     out["base_unequal"] = [

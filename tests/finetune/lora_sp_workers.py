@@ -1,10 +1,11 @@
 """What each rank runs in test_lora_sp.py: peft LoRA adapters on transformers' tiny
 Llama and GPT-2 under HybridParallelPlugin with sequence parallelism (Ulysses'
-all_to_all over an sp axis, Megatron's split_gather over the tp group) against plain
+all_to_all over an sp axis, beside tp or pp, Megatron's split_gather over the tp group) against plain
 peft on one process with the same adapter values (copied in before boost): the first
 step's loss and every adapter gradient (this rank's shard of the reference's), the
 losses of a few optimizer steps, frozen base weights that did not move, the adapter
-saved with save_lora_as_pretrained, and this rank's logits after training."""
+saved with save_lora_as_pretrained, and this rank's logits after training (none under
+pp)."""
 
 from __future__ import annotations
 
@@ -47,19 +48,18 @@ def plain_peft(family: str, seed: int) -> Any:
     return peft.get_peft_model(base_model(family), lora_config(family))
 
 
-def train(
-    model: Any, ids: torch.Tensor, backward, step, named: torch.nn.Module
-) -> tuple[list[float], dict]:
-    """STEPS steps on one batch; the adapters' gradients of the first (named's names)."""
+def train(loss_of, backward, step, named: torch.nn.Module) -> tuple[list[float], dict]:
+    """STEPS steps on one batch (loss_of() runs the forward); the adapters' gradients of
+    the first (named's names, of the parameters this rank holds)."""
     losses, first = [], {}
     for i in range(STEPS):
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = loss_of()
         backward(loss)
         if i == 0:
             first = {
                 n: p.grad.detach().clone()
                 for n, p in named.named_parameters()
-                if p.grad is not None
+                if p.grad is not None and not p.is_meta
             }
         step()
         losses.append(float(loss.detach()))
@@ -78,7 +78,11 @@ def reference(family: str, seed: int) -> dict[str, Any]:
         opt.zero_grad()
 
     ids = batch(seed)
-    losses, grads = train(model, ids, lambda loss: loss.backward(), step, model)
+
+    def loss_of() -> torch.Tensor:
+        return model(input_ids=ids, labels=ids).loss
+
+    losses, grads = train(loss_of, lambda loss: loss.backward(), step, model)
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     adapter = {k: v.detach().clone() for k, v in peft.get_peft_model_state_dict(model).items()}
@@ -97,6 +101,12 @@ def plugin(layout: str) -> Any:
         return HybridParallelPlugin(
             tp_size=2, sp_size=2, enable_sequence_parallelism=True,
             sequence_parallelism_mode="all_to_all", precision="fp32",
+        )  # fmt: skip
+    if layout == "sp2_pp2_all_to_all":
+        return HybridParallelPlugin(
+            tp_size=1, sp_size=2, pp_size=2, num_microbatches=2,
+            enable_sequence_parallelism=True, sequence_parallelism_mode="all_to_all",
+            precision="fp32",
         )  # fmt: skip
     if layout == "tp2_split_gather":
         return HybridParallelPlugin(
@@ -135,29 +145,42 @@ def sp_lora(rank: int, setting: tuple[str, str, str, int]) -> dict[str, Any]:
     model = booster.enable_lora(base_model(family), lora_config=lora_config(family))
     peft.set_peft_model_state_dict(model, peft.get_peft_model_state_dict(plain_peft(family, seed)))
     opt = torch.optim.SGD(model.parameters(), lr=LR)
+    peft_model = model  # its parameters are the boosted ones (sharded, or this stage's)
     model, opt, *_ = booster.boost(model, opt)
-    inner = model.unwrap(unwrap_peft=False)
-    frozen = {n: p.detach().clone() for n, p in inner.named_parameters() if not p.requires_grad}
+    real = [(n, p) for n, p in peft_model.named_parameters() if not p.is_meta]  # this stage's
+    frozen = {n: p.detach().clone() for n, p in real if not p.requires_grad}
 
     def step() -> None:
         opt.step()
         opt.zero_grad()
 
     ids = batch(seed)
-    losses, grads = train(model, ids, lambda loss: booster.backward(loss, opt), step, inner)
-    tp = getattr(inner.get_base_model(), "tp_info", None)
+    pipelined = "pp" in layout
+
+    def loss_of() -> torch.Tensor:
+        if pipelined:  # forward and backward
+            data = iter([{"input_ids": ids, "labels": ids}])
+            return booster.execute_pipeline(data, model, lambda out, _: out.loss, opt)["loss"]
+        return model(input_ids=ids, labels=ids).loss
+
+    def backward(loss: torch.Tensor) -> None:
+        if not pipelined:
+            booster.backward(loss, opt)
+
+    losses, grads = train(loss_of, backward, step, peft_model)
+    tp = getattr(peft_model.get_base_model(), "tp_info", None)
     tp = tp.group if tp is not None else None
-    params = dict(inner.named_parameters())
+    params = dict(real)
     grad_error = {
         n: _relative(g, _local(want["grads"][n], params[n], tp)) for n, g in grads.items()
     }
-    moved = max(
-        (float((p - frozen[n]).abs().max()) for n, p in inner.named_parameters() if n in frozen),
-        default=0.0,
-    )
-    model.eval()
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits
+    moved = max((float((p - frozen[n]).abs().max()) for n, p in real if n in frozen), default=0.0)
+    logits, logits_error = None, None
+    if not pipelined:
+        model.eval()
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits
+        logits_error = _relative(logits, _vocab_shard(want["logits"], logits, tp))
     booster.save_lora_as_pretrained(model, directory)
     return {
         "loss": max(abs(a - b) / abs(b) for a, b in zip(losses, want["losses"])),
@@ -168,7 +191,7 @@ def sp_lora(rank: int, setting: tuple[str, str, str, int]) -> dict[str, Any]:
         "grad_error": grad_error,
         "frozen_moved": moved,
         "n_frozen": len(frozen),
-        "trainable": [n for n, p in inner.named_parameters() if p.requires_grad],
-        "logits_error": _relative(logits, _vocab_shard(want["logits"], logits, tp)),
+        "trainable": sorted(n for n, p in real if p.requires_grad),
+        "logits_error": logits_error,
         "logits": logits,
     }

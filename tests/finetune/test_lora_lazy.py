@@ -6,8 +6,8 @@ at a time (never the whole model), HybridParallelPlugin at tp 1 whole. The resul
 the eager peft model built from the same seed (adapters drawn where eager peft draws
 them: after the base weights, or after the caller's reseed), or from the same
 checkpoint (booster.load_model before boost, either side of enable_lora): losses of
-three SGD steps (1e-5 relative), the first step's adapter gradients (2e-5: read back
-from the step), the trained adapters, base weights bit-equal and frozen, and an
+three SGD steps (1e-5 relative), the first step's adapter gradients (1e-5 relative,
+read back from the step beyond its fp32 rounding), the trained adapters, base weights bit-equal and frozen, and an
 adapter saved with save_lora_as_pretrained that peft loads into the eager base with
 the eager peft model's logits. peft.get_peft_model inside the context works too
 (adapters recorded and replayed per chunk); after it, boost refuses the model, whose
@@ -24,6 +24,11 @@ from megalith.testing import run_grid
 
 pytest.importorskip("peft")
 pytest.importorskip("transformers")
+
+#: trained adapters and logits after three SGD steps against eager peft's, relative to
+#: their largest: adapters drawn with lora_B != 0 make these tiny models sensitive to
+#: them and the steps amplify fp32 summation order (losses and first gradients: above)
+TRAINED = 1e-3
 
 GRID = [
     ("zero2", "gpt2", "enable_lora"),
@@ -66,14 +71,19 @@ def test_lora_on_a_lazily_built_model_is_eager_peft(tmp_path, gen):
             assert (r["whole_materialised"] == []) == per_chunk, (where, r["whole_materialised"])
         r = per_rank[0]
         assert r["missing"] == [] and r["n_base"] > 0, (where, r)
-        assert r["grad_error"] < 2e-5, (where, r["grad_error"])
-        assert r["adapter_error"] < 1e-4, (where, r["adapter_error"])
+        assert r["grad_error"] < 1e-5, (where, r["grad_error"])
+        assert r["adapter_error"] < TRAINED, (where, r["adapter_error"])
         assert r["base_unequal"] == [], (where, r["base_unequal"])
         loaded = peft.PeftModel.from_pretrained(w.plain_base(family, seed, path), directory)
+        # the boosted model's adapters, written whole (peft's file names drop "default")
+        boosted = {w.PEFT_PREFIX + k.replace(".default.", "."): v for k, v in r["adapters"].items()}
+        written = peft.get_peft_model_state_dict(loaded)
+        assert written.keys() == boosted.keys(), where
+        assert all(torch.equal(v, boosted[k]) for k, v in written.items()), where
         with torch.no_grad():
             got = loaded.eval()(input_ids=w.batch(seed)).logits
         want = w.trained_logits(family, how, seed, path)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=str(where))
+        assert w._relative(got, want) < TRAINED, (where, w._relative(got, want))
 
 
 @pytest.mark.parametrize("reseed", [False, True])
