@@ -148,7 +148,7 @@ class Booster:
                 f"Booster: plugin must be a megalith Plugin or a name, got {type(plugin).__name__}"
             )
         elif not plugin.control_precision():
-            if precision is not None or not getattr(plugin, "precision_from_strategy", False):
+            if precision is not None or not plugin.precision_from_strategy:
                 _set_amp(plugin, precision, scaler)
         elif precision is not None and precision != getattr(plugin, "precision", precision):
             warnings.warn(

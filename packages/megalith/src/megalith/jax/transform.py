@@ -47,6 +47,17 @@ from .state import EngineState
 StepFn = Callable[["Group", int, float, float], None]
 
 
+def matching_leaves(tree: Any, treedef: Any, name: str, what: str) -> list:
+    """The leaves of `tree`, which must have the structure the optimizer state was made for."""
+    leaves, got = jax.tree_util.tree_flatten(tree)
+    if got != treedef:
+        raise ValueError(
+            f"megalith.jax.{name}: the {what} tree does not match the parameters the "
+            f"state was made for ({got} vs {treedef}); init on the same tree"
+        )
+    return leaves
+
+
 @dataclass
 class Group:
     """Leaves stepped by one engine call: one gradient dtype, one decay, one copy dtype."""
@@ -139,13 +150,7 @@ class EngineTransform:
 
     # -- the host step ------------------------------------------------------------------
     def _leaves(self, tree: Any, state: EngineState, what: str) -> list:
-        leaves, treedef = jax.tree_util.tree_flatten(tree)
-        if treedef != state.treedef:
-            raise ValueError(
-                f"megalith.jax.{self.name}: the {what} tree does not match the parameters the "
-                f"state was made for ({treedef} vs {state.treedef}); init on the same tree"
-            )
-        return leaves
+        return matching_leaves(tree, state.treedef, self.name, what)
 
     def step_host(
         self, grads: Sequence[Any], params: Sequence[Any] | None, state: EngineState

@@ -55,7 +55,7 @@ from megalith_core.optim import functional as F
 from .collectives import group_for
 from .host import FlatHost, host_view, to_jax, widen_difference
 from .optimizers import _float, _moments_fp32
-from .transform import decay_flags, scalar
+from .transform import decay_flags, matching_leaves, scalar
 
 NAME = "zero1_adamw"
 
@@ -212,13 +212,7 @@ class Zero1AdamW:
         return state.treedef.unflatten([to_jax(u, g) for u, g in zip(out, grads)]), state
 
     def _leaves(self, tree: Any, state: Zero1State, what: str) -> list:
-        leaves, treedef = jax.tree_util.tree_flatten(tree)
-        if treedef != state.treedef:
-            raise ValueError(
-                f"megalith.jax.{NAME}: the {what} tree does not match the parameters the state "
-                f"was made for ({treedef} vs {state.treedef}); init on the same tree"
-            )
-        return leaves
+        return matching_leaves(tree, state.treedef, NAME, what)
 
     def step_host(self, grads: list, params: list, state: Zero1State) -> list[np.ndarray]:
         """One collective step; returns every leaf's fp32 update as a host array."""

@@ -111,6 +111,11 @@ class Plugin:
     plugin's own precision= rules), and support_no_sync()/support_lora() before no_sync
     and enable_lora."""
 
+    #: made by from_strategy: the Strategy names the precision, and a Booster without
+    #: mixed_precision keeps it (a plugin built bare takes the Booster's, None being fp32,
+    #: as in ColossalAI)
+    precision_from_strategy: bool = False
+
     #: True when the plugin runs only with one CUDA GPU per rank.
     needs_gpu = False
     #: the working precision (the built-in plugins read theirs from their Strategy)
@@ -264,9 +269,6 @@ class StrategyPlugin(Plugin):
         plugin = cls.__new__(cls)
         plugin._default_options()
         StrategyPlugin.__init__(plugin, strategy)
-        # The Strategy names its precision: a Booster without mixed_precision keeps it
-        # (Booster(mixed_precision=None) means fp32 only for a plugin built bare, as in
-        # ColossalAI).
         plugin.precision_from_strategy = True
         return plugin
 
