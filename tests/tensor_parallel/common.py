@@ -29,6 +29,20 @@ def check(errors: list[str], what: str, a: torch.Tensor, b: torch.Tensor, tol: f
         errors.append(f"{what}: relative error {err:.3g}")
 
 
+def check_trained(
+    errors: list[str], what: str, got: torch.Tensor, want: torch.Tensor, start: torch.Tensor
+) -> None:
+    """A weight trained by a few AdamW steps against the reference's: within 1e-4 of the
+    weight plus 1e-3 of what the steps moved it. Adam's normalised step turns the fp32
+    summation-order noise of a small gradient entry into a relative change of the step
+    itself, which a weight started at zero (a bias) is made of alone."""
+    got, want, start = (t.detach().double() for t in (got, want, start))
+    allowed = 1e-4 * want.norm() + 1e-3 * (want - start).norm()
+    err = (got - want).norm()
+    if not err <= allowed:
+        errors.append(f"{what}: error {err:.3g} over {allowed:.3g} allowed")
+
+
 def exact_entries(name: str, t: torch.Tensor) -> slice | torch.Tensor:
     """The entries whose gradient is not rounding noise.
 

@@ -16,7 +16,7 @@ import megalith_comm as comm
 from megalith.booster import Booster
 from megalith.booster.plugin import HybridParallelPlugin
 from megalith.tensor_parallel import gather_full
-from tests.tensor_parallel.common import check, exact_entries
+from tests.tensor_parallel.common import check, check_trained, exact_entries
 from tests.tensor_parallel.pipeline_plugin import SEQ, VOCAB, build, check_reload, criterion
 
 
@@ -38,6 +38,7 @@ class StageParamsCase:
     def run(self, rank: int) -> tuple[list[str], float]:
         start = time.perf_counter()
         ref = build(self.family, self.layers)
+        start_params = {n: p.detach().clone() for n, p in ref.named_parameters()}
         model = copy.deepcopy(ref)
         plugin = HybridParallelPlugin(
             tp_size=self.tp, pp_size=2, pp_style=self.style, num_model_chunks=self.chunks,
@@ -90,7 +91,8 @@ class StageParamsCase:
             full = gather_full(p, plugin.mesh.group("tp"))
             trained[name] = full.detach()
             keep = exact_entries(name, ref_params[name])
-            check(errors, f"weight {name}", full[keep], ref_params[name].detach()[keep], 1e-4)
+            want = ref_params[name].detach()[keep]
+            check_trained(errors, f"weight {name}", full[keep], want, start_params[name][keep])
         check_tied_copies(model, errors)
         if self.checkpoint:
             check_reload(booster, model, trained, self.family, self.layers, errors)
