@@ -92,6 +92,8 @@ def plugin(name: str) -> Any:
 
     if name == "hybrid-tp1":  # dp 2, materialised whole at boost
         return HybridParallelPlugin(tp_size=1, precision="fp32")
+    if name == "hybrid-tp2":  # dp 1, materialised straight into the tp shards
+        return HybridParallelPlugin(tp_size=2, precision="fp32", parallel_output=False)
     return plugin_for(name)
 
 
@@ -141,7 +143,8 @@ def lazy_lora(rank: int, setting: tuple[str, str, str, int, str | None, str]) ->
     booster = Booster(plugin=plugin(plugin_name))
     model = lazy_peft(booster, family, how, seed, path)
     lora = {n: p for n, p in model.named_parameters() if "lora_" in n}
-    base = [p for n, p in model.named_parameters() if "lora_" not in n]
+    base_named = [(n, p) for n, p in model.named_parameters() if "lora_" not in n]
+    base = [p for _, p in base_named]
     before = {
         "adapters_real": bool(lora) and not any(p.is_meta for p in lora.values()),
         "base_lazy": all(p.is_meta for p in base),
@@ -161,9 +164,15 @@ def lazy_lora(rank: int, setting: tuple[str, str, str, int, str | None, str]) ->
         return {"refused": str(e)}
     finally:
         context._materialize = original
+    if plugin_name == "hybrid-tp2":  # the full base weights a tp shard replaced
+        kept = {id(p) for p in model.unwrap(unwrap_peft=False).parameters()}
+        replaced = [(n, p) for n, p in base_named if id(p) not in kept]
+        before["n_replaced"] = len(replaced)
+        before["full_made_real"] = [n for n, p in replaced if not p.is_meta]
     w = comm.get_world()
-    n = BATCH // w.world_size
-    mine = ids[w.rank * n : (w.rank + 1) * n]
+    dp_rank, dp = getattr(booster.plugin, "dp_rank_size", (w.rank, w.world_size))
+    n = BATCH // dp  # tp ranks of a replica see the same rows
+    mine = ids[dp_rank * n : (dp_rank + 1) * n]
     losses, snapshots = [], []
     for step in range(STEPS):
         loss = model(input_ids=mine, labels=mine).loss

@@ -194,7 +194,7 @@ class Booster:
                 from ..pretrained import load_into
 
                 load_into(model, pending.directory, strict=pending.strict)
-            if is_lazy(model):
+            if is_lazy(model) and not _into_shards(self.plugin):
                 LazyInitContext.materialize(model)
         if optimizer is not None and getattr(model, "peft_config", None) is not None:
             _add_lora_params(model, optimizer)
@@ -402,6 +402,13 @@ def _per_chunk(plugin: Any) -> bool:
     time as it shards it (GeminiPlugin, LowLevelZeroPlugin)."""
     per_chunk = getattr(plugin, "materializes_per_chunk", None)
     return per_chunk is not None and bool(per_chunk())
+
+
+def _into_shards(plugin: Any) -> bool:
+    """Whether the plugin materialises an unboosted lazy model straight into its
+    tensor-parallel shards (HybridParallelPlugin at tp_size > 1)."""
+    into = getattr(plugin, "materializes_into_shards", None)
+    return into is not None and bool(into())
 
 
 def _unboosted_meta(model: Any) -> bool:

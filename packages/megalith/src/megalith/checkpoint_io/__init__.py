@@ -12,25 +12,13 @@ safetensors files with a transformers-readable index, and nothing is pickled.
 
 from __future__ import annotations
 
-from typing import Any
-
 from megalith.booster.checkpoint_io import (
     CheckpointIndexFile,
     CheckpointIO,
     GeneralCheckpointIO,
     HybridParallelCheckpointIO,
+    MoECheckpointIO,
 )
-
-
-class MoECheckpointIO:
-    """Refused: megalith has no mixture-of-experts plugin."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(
-            "MoECheckpointIO: megalith has no MoE plugin (ColossalAI's "
-            "MoeHybridParallelPlugin); train with HybridParallelPlugin, whose I/O is "
-            "HybridParallelCheckpointIO (booster.checkpoint_io)"
-        )
 
 
 __all__ = [

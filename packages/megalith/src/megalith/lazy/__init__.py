@@ -11,6 +11,7 @@ trace.py       the record of ops on meta tensors, and its replay
 random_ops.py  the generator state before each random op, so a part replays alone
 chunks.py      ChunkMaterializer: a few parameters at a time, as the ZeRO plugins shard
 adapters.py    peft adapters on a lazy model (booster.enable_lora): real now, eager's values
+tp_shards.py   shard_lazily: tensor-parallel shards cut from a lazy model, tensor by tensor
 """
 
 from .chunks import ChunkMaterializer

@@ -18,6 +18,10 @@ peft's `make` so that the adapters
   the weights it loads. Reseeding to the very state the context was entered with cannot
   be told from not reseeding: the generators are then moved as if untouched.
 
+peft's modules_to_save copies (a trainable head) are deep copies of lazy modules, made
+after the context closed: each copied tensor is recorded as a clone of its original
+(record_saved_copies), so it stays lazy and materialises with the original's values.
+
 peft.get_peft_model inside the LazyInitContext works without this (the adapters are
 recorded and replayed with the base weights); called after the context closed it loses
 their values, and boost refuses the model (check_adapters).
@@ -47,8 +51,63 @@ def with_adapters(model: nn.Module, make: Callable[[], nn.Module], draws: bool) 
         advance_generators(model)
     with adapters_kept_real():
         adapted = make()
+    if draws:
+        record_saved_copies(adapted)
+    else:
+        _refuse_loaded_copies(adapted)
     check_adapters(adapted)
     return adapted
+
+
+def record_saved_copies(model: nn.Module) -> None:
+    """peft's modules_to_save (a trainable copy of, say, the LM head) on a lazy model:
+    peft deep-copies the lazy original after the context closed, which gives meta
+    tensors with no record. Each copied tensor becomes a recorded clone of its original
+    (an op appended to the original's record), so it materialises with the original's
+    values wherever and whenever the original's plugin materialises (a chunk at a time
+    under the ZeRO plugins)."""
+    for name, module in model.named_modules():
+        copies = getattr(module, "modules_to_save", None)
+        original = getattr(module, "original_module", None)
+        if not isinstance(copies, nn.ModuleDict) or original is None:
+            continue
+        want = [(n, t) for _, n, t, _ in _named_tensors(original)]
+        for adapter, copy in copies.items():
+            got = [(n, t) for _, n, t, _ in _named_tensors(copy)]
+            if [n for n, _ in got] != [n for n, _ in want]:
+                raise ValueError(
+                    f"{name}.modules_to_save.{adapter}: not a copy of the original module "
+                    "(its tensors differ); build the model eagerly to train this head"
+                )
+            for (_, src), (_, dst) in zip(want, got):
+                trace = _trace_of(src)
+                if trace is not None and dst.is_meta and _trace_of(dst) is None:
+                    trace.record_clone(src, dst)
+
+
+def _refuse_loaded_copies(model: nn.Module) -> None:
+    """A saved adapter's modules_to_save values go into peft's copies of lazy modules,
+    which are meta tensors: peft's load keeps nothing of them."""
+    for name, module in model.named_modules():
+        copies = getattr(module, "modules_to_save", None)
+        if isinstance(copies, nn.ModuleDict) and any(
+            t.is_meta for c in copies.values() for _, _, t, _ in _tensors(c)
+        ):
+            raise ValueError(
+                f"{name}: a saved adapter with modules_to_save loaded onto a model built in "
+                "LazyInitContext loses the saved module's values; call "
+                "LazyInitContext.materialize(model) before booster.enable_lora(model, "
+                "pretrained_dir=...)"
+            )
+
+
+def _named_tensors(module: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor, bool]]:
+    """_tensors with each tensor's dotted name under module."""
+    names = {id(m): p for p, m in module.named_modules()}
+    return [
+        (owner, f"{names[id(owner)]}.{n}".lstrip("."), t, kind)
+        for owner, n, t, kind in _tensors(module)
+    ]
 
 
 def advance_generators(module: nn.Module) -> bool:

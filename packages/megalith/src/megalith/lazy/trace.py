@@ -122,6 +122,18 @@ class Trace:
         keys = [storage_key(t) for t in tensors if self.knows(t)]
         return self.devices.get(keys[0], torch.device("cpu")) if keys else torch.device("cpu")
 
+    def record_clone(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Makes dst (a meta tensor of the same shape made outside the context: a deep
+        copy of src) a recorded clone of src, replayed with its values."""
+        if not self.knows(src) or dst.shape != src.shape or not dst.is_meta:
+            raise ValueError("record_clone: src must be this trace's, dst a meta copy of it")
+        key = storage_key(dst)
+        self.storages[key] = dst.untyped_storage()
+        self.devices[key] = self.devices.get(storage_key(src), torch.device("cpu"))
+        func = torch.ops.aten.clone.default
+        args = ((ref_of(src),), {"memory_format": torch.preserve_format})
+        self.ops.append(Op(func, args, [(0, ref_of(dst))], None))
+
     # -- replay -----------------------------------------------------------------
     def touched(self) -> list[set[int]]:
         """Per op, the storages it reads, writes or creates (computed once)."""

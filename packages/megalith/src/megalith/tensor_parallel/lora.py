@@ -57,6 +57,26 @@ def peft_base(model: nn.Module) -> nn.Module:
     return model
 
 
+def refuse_saved_modules(model: nn.Module, what: str) -> None:
+    """ValueError if model holds peft's modules_to_save copies (LoraConfig(modules_to_save=
+    ...)): a policy shards the layer they wrap (the LM head, a classifier), which a
+    wrapper around it hides."""
+    saved = [n for n, m in model.named_modules() if _is_saved_copy_wrapper(m)]
+    if saved:
+        raise ValueError(
+            f"{what}: peft's modules_to_save ({', '.join(saved)}) is not built under tensor "
+            "parallelism; it trains under TorchDDPPlugin, LowLevelZeroPlugin, GeminiPlugin "
+            "and HybridParallelPlugin(tp_size=1, any pp_size), or leave modules_to_save out "
+            "and add the layer to LoraConfig(target_modules=...) for a LoRA adapter on it"
+        )
+
+
+def _is_saved_copy_wrapper(module: nn.Module) -> bool:
+    return isinstance(getattr(module, "modules_to_save", None), nn.ModuleDict) and hasattr(
+        module, "original_module"
+    )
+
+
 def shard_with_adapters(model: nn.Module, group: ProcessGroup, shard: Callable[[], object]) -> None:
     """Runs shard() (the policy's in-place sharding of `model`) with every LoRA layer's base
     layer in the wrapper's place, then splits each adapter as its new base layer is split."""

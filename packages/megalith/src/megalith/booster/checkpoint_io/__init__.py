@@ -5,6 +5,7 @@
                         also on its own, on a plain module and torch optimizer
     zero.py             ZeroCheckpointIO (LowLevelZero/GeminiCheckpointIO): the ZeRO plugins
     hybrid.py           HybridParallelCheckpointIO: tensor-parallel and pipelined models
+    moe.py              MoECheckpointIO: experts split over expert-parallel ranks
     tp_layout.py        ZeRO's file layout of tensor-parallel shards
     pipeline_stages.py  a pipelined model's stages collected for, and read back from, the files
     locations.py        ColossalAI's file-name prefix; the paths a load accepts
@@ -22,6 +23,7 @@ from .base import CheckpointIO
 from .general import GeneralCheckpointIO
 from .hybrid import HybridParallelCheckpointIO
 from .index_file import CheckpointIndexFile
+from .moe import MoECheckpointIO
 from .zero import GeminiCheckpointIO, LowLevelZeroCheckpointIO, ZeroCheckpointIO
 
 __all__ = [
@@ -31,5 +33,6 @@ __all__ = [
     "GeneralCheckpointIO",
     "HybridParallelCheckpointIO",
     "LowLevelZeroCheckpointIO",
+    "MoECheckpointIO",
     "ZeroCheckpointIO",
 ]

@@ -7,6 +7,7 @@ from .auto_plugin import AutoPlugin
 from .base import Plugin
 from .dp_plugin_base import DPPluginBase
 from .hybrid import HybridParallelPlugin
+from .moe_hybrid_parallel_plugin import MoeHybridParallelPlugin
 from .torch_ddp import TorchDDPPlugin
 from .torch_fsdp import TorchFSDPPlugin
 from .zero import GeminiPlugin, LowLevelZeroPlugin
@@ -39,6 +40,7 @@ __all__ = [
     "GeminiPlugin",
     "HybridParallelPlugin",
     "LowLevelZeroPlugin",
+    "MoeHybridParallelPlugin",
     "Plugin",
     "TorchDDPPlugin",
     "TorchFSDPPlugin",

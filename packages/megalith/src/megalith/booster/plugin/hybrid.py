@@ -277,6 +277,9 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
         self.enable_sequence_parallelism = False
 
     # -- the mesh, and ColossalAI's view of it -------------------------------------------
+    def _shard_experts(self, model: torch.nn.Module) -> None:
+        """MoeHybridParallelPlugin splits a model's experts over its ep ranks here."""
+
     def _build_mesh(self) -> None:
         """megalith_comm's Mesh (pp, dp, sp, tp; tp fastest) and the torch groups of its
         axes; collective over the world, so every rank makes the plugin alike."""
@@ -375,6 +378,11 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
     def control_checkpoint_io(self) -> bool:
         return True
 
+    def materializes_into_shards(self) -> bool:
+        """boost() leaves a LazyInitContext model lazy for this plugin, which materialises
+        it straight into its tp shards (megalith.lazy.tp_shards); at tp 1 it is whole."""
+        return self.tp_size > 1
+
     # The Strategy's settings under the names the rest of the plugin reads.
     @property
     def tp_size(self) -> int:
@@ -471,18 +479,28 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
 
     def configure(self, model, optimizer, criterion, dataloader, lr_scheduler):
         import megalith_comm as comm
+        from megalith.lazy import is_lazy
+        from megalith.lazy.tp_shards import shard_lazily
         from megalith.tensor_parallel import apply_ulysses, install_parallel_loss, shard_model
-        from megalith.tensor_parallel.lora import peft_base, shard_with_adapters
+        from megalith.tensor_parallel.lora import (
+            peft_base,
+            refuse_saved_modules,
+            shard_with_adapters,
+        )
         from megalith.tensor_parallel.ulysses import validate_ulysses
 
         w = world()
         policy = self._policy(model)
         base = peft_base(model)  # what the policy shards and cuts (model itself without peft)
         if self.tp_size > 1:
+            refuse_saved_modules(base, f"HybridParallelPlugin(tp_size={self.tp_size})")
             policy.validate(base, self.tp_size)  # before the mesh's collectives
         if self.sp_mode == "all_to_all":
             validate_ulysses(base, self.sp_size, self.tp_size)
-        model = model.to(w.device)
+        # a LazyInitContext model is materialised straight into its tp shards
+        lazy = self.materializes_into_shards() and is_lazy(model)
+        if not lazy:
+            model = model.to(w.device)
         before = {id(p): name for name, p in model.named_parameters()}
         self._build_mesh()
         parallel_logits = False
@@ -494,19 +512,28 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
                 shard_model(base, tp, sequence_parallel=sp, gather_logits=not parallel_logits,
                             policy=policy)  # fmt: skip
 
-            shard_with_adapters(base, tp, shard)  # peft adapters split as their layers
+            def shard_all() -> None:  # peft adapters split as their layers
+                shard_with_adapters(base, tp, shard)
+
+            if lazy:
+                shard_lazily(model, w.device, shard_all)
+                model = model.to(w.device)
+            else:
+                shard_all()
             if parallel_logits:
                 install_parallel_loss(base, tp)
         if self.sp_mode == "all_to_all":  # a peft model's adapters stay in its layers
             apply_ulysses(base, self.mesh.group("sp"))
+        self._shard_experts(base)
         if self.checkpointing is not None:
             apply_checkpointing(model, self.checkpointing)
         # an optimizer that has stepped: its states follow the tp shards (param_states.py)
         _replace_params(optimizer, model, before, self.mesh.group("tp"))
         dp_group = self.mesh.group("dp")
         with torch.no_grad():
-            for p in model.parameters():
-                comm.broadcast(p.data, src=dp_group.global_rank(0), group=dp_group)
+            for p in model.parameters():  # an expert weight: over the ranks holding its experts
+                group = getattr(p, "moe_dp_group", dp_group)
+                comm.broadcast(p.data, src=group.global_rank(0), group=group)
             if self.broadcast_buffers:
                 _broadcast(model.buffers(), dp_group)
         _share_rng(self.mesh.group("tp"))

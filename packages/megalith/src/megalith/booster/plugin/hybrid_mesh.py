@@ -28,6 +28,10 @@ class ProcessGroupMesh:
         self.mesh = mesh
         self._singles = singles  # global rank -> its one-rank torch group
 
+    def single_group(self) -> Any:
+        """This rank's one-rank torch.distributed group."""
+        return self._singles[self.rank]
+
     def _name(self, axis: int | str) -> str:
         if isinstance(axis, str):
             if axis not in AXES:

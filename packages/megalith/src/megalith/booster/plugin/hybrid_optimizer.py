@@ -38,16 +38,23 @@ def tp_grad_norm_sq(params: list[torch.nn.Parameter], tp_group: Any) -> torch.Te
 
     sharded = torch.zeros((), dtype=torch.float64)
     replicated = torch.zeros((), dtype=torch.float64)
+    experts = torch.zeros((), dtype=torch.float64)
+    ep_group = None
     for p in params:
         if p.grad is None:
             continue
         sq = p.grad.detach().double().pow(2).sum().cpu()
-        if hasattr(p, "tp_spec"):
+        if hasattr(p, "ep_spec"):  # each rank of its ep group holds other experts
+            experts += sq
+            ep_group = p.ep_group
+        elif hasattr(p, "tp_spec"):
             sharded += sq
         else:
             replicated += sq
     comm.all_reduce(sharded, group=tp_group)
-    return sharded + replicated
+    if ep_group is not None:
+        comm.all_reduce(experts, group=ep_group)
+    return sharded + replicated + experts
 
 
 class HybridOptimizer(OptimizerWrapper):
@@ -184,18 +191,30 @@ class HybridOptimizer(OptimizerWrapper):
         self._reduce_dp()
 
     def _reduce_dp(self) -> None:
-        import megalith_comm as comm
-
         dp = self.model.mesh.group("dp")
         if not self._sync or dp.size == 1:
             return
-        grads = [p.grad for p in self._params() if p.grad is not None]
+        params = [p for p in self._params() if p.grad is not None]
+        self._average([p.grad for p in params if not hasattr(p, "ep_spec")], dp, "avg")
+        experts = [p for p in params if hasattr(p, "ep_spec")]
+        if experts:
+            # an expert's gradient holds the rows every rank of its ep group sent it: summed
+            # over the ranks holding the same experts, it is the whole dp batch's, over dp
+            grads = [p.grad for p in experts]
+            self._average(grads, experts[0].moe_dp_group, "sum")
+            torch._foreach_div_(grads, dp.size)
+
+    def _average(self, grads: list[torch.Tensor], group: Any, op: str) -> None:
+        import megalith_comm as comm
+
+        if not grads or group.size == 1:
+            return
         dtype = self.communication_dtype
         if dtype is None or all(g.dtype == dtype for g in grads):
-            comm.all_reduce_coalesced(grads, op="avg", group=dp)
+            comm.all_reduce_coalesced(grads, op=op, group=group)
             return
         sent = [g.to(dtype) for g in grads]
-        comm.all_reduce_coalesced(sent, op="avg", group=dp)
+        comm.all_reduce_coalesced(sent, op=op, group=group)
         for g, s in zip(grads, sent):
             g.copy_(s)
 

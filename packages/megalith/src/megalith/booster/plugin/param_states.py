@@ -48,6 +48,9 @@ def _like(value: Any, new: torch.Tensor, tp: Any) -> Any:
     """A state of the full parameter's shape as the shard `new` of it (on its device)."""
     if not torch.is_tensor(value) or value.dim() == 0:
         return value
+    ep = getattr(new, "ep_spec", None)
+    if ep is not None and value.shape != new.shape:  # an expert weight: its experts' rows
+        return ep.take(value, new.ep_group.rank, new.ep_group.size).to(new.device)
     spec = getattr(new, "tp_spec", None)
     if spec is not None and tp is not None and value.shape != new.shape:
         if tuple(value.shape) != tuple(spec.full_shape(new.shape)):

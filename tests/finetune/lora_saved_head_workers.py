@@ -1,0 +1,151 @@
+"""What each rank runs in test_lora_saved_head.py: peft LoRA adapters plus a trainable
+copy of the LM head (LoraConfig(modules_to_save=["lm_head"])) on transformers' tiny
+Llama, built eagerly or in LazyInitContext, boosted and trained three SGD (momentum)
+steps on this replica's rows, against eager peft from the same seed on the whole batch:
+the losses, the first step's change of every trainable tensor (the head's copy
+included), the trained copy, which tensors the optimizer keeps state for, and the
+adapter save_lora_as_pretrained writes."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import megalith_comm as comm
+from tests.finetune.lora_hybrid_workers import lora_config
+from tests.finetune.lora_lazy_workers import (
+    BATCH,
+    PEFT_PREFIX,
+    STEPS,
+    _relative,
+    _snapshot,
+    _step_error,
+    batch,
+    plain_base,
+    plugin,
+)
+from tests.finetune.workers import build
+
+LR, MOMENTUM = 0.5, 0.9
+HEAD = "lm_head"
+#: the head's trainable copy, as peft names it (PEFT_PREFIX left out)
+COPY = f"{HEAD}.modules_to_save.default.weight"
+
+
+def head_config() -> Any:
+    cfg = copy.deepcopy(lora_config("llama"))
+    cfg.modules_to_save = [HEAD]
+    return cfg
+
+
+def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def reference(seed: int) -> dict[str, Any]:
+    """Eager peft on the whole batch: losses, trainable tensors before, after the first
+    step and at the end (names without PEFT_PREFIX), and the trained logits."""
+    import peft
+
+    model = peft.get_peft_model(plain_base("llama", seed, None), head_config())
+    named = {n.removeprefix(PEFT_PREFIX): p for n, p in model.named_parameters() if p.requires_grad}
+    opt = torch.optim.SGD(trainable(model), lr=LR, momentum=MOMENTUM)
+    ids, losses, after = batch(seed), [], []
+    start = {n: p.detach().clone() for n, p in named.items()}
+    for _ in range(STEPS):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+        after.append({n: p.detach().clone() for n, p in named.items()})
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    return {"losses": losses, "start": start, "after": after, "logits": logits}
+
+
+def saved_state_keys(path: Path) -> list[str]:
+    """The parameter names an optimizer checkpoint holds states for (one file or an index)."""
+    if path.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            return list(f.keys())
+    index = path / "optimizer.safetensors.index.json"
+    return list(json.loads(index.read_text())["weight_map"]) if index.is_file() else []
+
+
+def saved_head(rank: int, setting: tuple[str, bool, int, str]) -> dict[str, Any]:
+    from megalith.booster import Booster
+    from megalith.lazy import LazyInitContext
+
+    plugin_name, lazy, seed, directory = setting
+    torch.set_num_threads(1)
+    want = reference(seed)
+    booster = Booster(plugin=plugin(plugin_name))
+    torch.manual_seed(seed)
+    if lazy:
+        with LazyInitContext():
+            base = build("llama")
+    else:
+        base = build("llama")
+    try:
+        model = booster.enable_lora(base, lora_config=head_config())
+        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+        model, opt, *_ = booster.boost(model, opt)
+    except ValueError as e:
+        return {"refused": str(e)}
+    dp_rank, dp = booster.plugin.dp_rank_size
+    n = BATCH // dp
+    ids = batch(seed)
+    mine = ids[dp_rank * n : (dp_rank + 1) * n]
+    w = comm.get_world()
+    pipelined = plugin_name.startswith("pp")
+    losses, snapshots = [], []
+    for step in range(STEPS):
+        if pipelined:  # forward and backward; every rank gets the loss
+            data = iter([{"input_ids": mine, "labels": mine}])
+            loss = booster.execute_pipeline(data, model, lambda out, _: out.loss, opt)["loss"]
+        else:
+            loss = model(input_ids=mine, labels=mine).loss
+            booster.backward(loss, opt)
+        opt.step()
+        opt.zero_grad()
+        mean = loss.detach().clone()
+        comm.all_reduce(mean)
+        losses.append(float(mean) / w.world_size)
+        if step in (0, STEPS - 1):
+            snapshots.append(_snapshot(booster, model))
+    logits = None
+    if not pipelined:
+        with torch.no_grad():
+            logits = model.eval()(input_ids=ids).logits
+    booster.save_lora_as_pretrained(model, directory)
+    booster.save_optimizer(opt, f"{directory}-optim")
+    comm.barrier()
+    out: dict[str, Any] = {
+        "loss": max(abs(a - b) / abs(b) for a, b in zip(losses, want["losses"])),
+        "losses": losses,
+        "want": want["losses"],
+        "logits": logits,
+        "logits_error": None if logits is None else _relative(logits, want["logits"]),
+    }
+    first, last = snapshots
+    if rank:  # the writer's
+        return out
+    names = list(want["start"])
+    out["missing"] = [k for k in names if k not in first]
+    out["step_error"] = {
+        k: _step_error(want["start"][k], first[k], want["after"][0][k]) for k in names
+    }
+    out["trained_error"] = {k: _relative(last[k], want["after"][-1][k]) for k in names}
+    out["copy_moved"] = float((last[COPY] - want["start"][COPY]).abs().max())
+    out["original_kept"] = bool(
+        torch.equal(last[f"{HEAD}.original_module.weight"], want["start"][COPY])
+    )
+    out["state_keys"] = saved_state_keys(Path(f"{directory}-optim"))
+    return out

@@ -1,0 +1,159 @@
+"""Workers for test_expert_parallel.py: transformers' tiny Mixtral and Qwen3-MoE under
+MoeHybridParallelPlugin(ep_size > 1) against the plain model on the whole batch in one
+process."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+
+import torch
+
+VOCAB, SEQ, PER_RANK = 96, 8, 2
+
+
+def tiny(family: str, experts: int, seed: int) -> torch.nn.Module:
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    common = dict(
+        hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, num_experts_per_tok=2,
+        max_position_embeddings=64, tie_word_embeddings=False,
+    )  # fmt: skip
+    if family == "mixtral":
+        config = tf.MixtralConfig(num_local_experts=experts, **common)
+        return tf.MixtralForCausalLM(config)
+    config = tf.Qwen3MoeConfig(
+        num_experts=experts, moe_intermediate_size=24, head_dim=8, norm_topk_prob=True, **common
+    )
+    return tf.Qwen3MoeForCausalLM(config)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str = "mixtral"
+    experts: int = 4
+    ep: int = 2
+    steps: int = 3
+    max_norm: float = 0.0
+    checkpoint: bool = False  # save after steps-1, reload into a fresh model, one more step
+
+
+def run(rank: int, case: Case) -> list[str]:
+    import megalith_comm as comm
+    from megalith.booster import Booster
+    from megalith.booster.plugin import MoeHybridParallelPlugin
+
+    seed = int.from_bytes(os.urandom(3), "little")
+    t = torch.tensor([seed])
+    comm.broadcast(t, src=0)
+    seed = int(t)
+    errors: list[str] = []
+    ref = tiny(case.family, case.experts, seed)
+    # each rank builds its own weights: boost() must take dp rank 0's (experts included)
+    mine = tiny(case.family, case.experts, seed + rank)
+    plugin = MoeHybridParallelPlugin(tp_size=1, pp_size=1, ep_size=case.ep, precision="fp32",
+                                     max_norm=case.max_norm)  # fmt: skip
+    booster = Booster(plugin=plugin)
+
+    def sgd(params):
+        return torch.optim.SGD(params, lr=0.2, momentum=0.9)
+
+    model, opt, *_ = booster.boost(mine, sgd(mine.parameters()))
+    opt_ref = sgd(ref.parameters())
+    dp_rank, dp = plugin.dp_rank_size
+    gen = torch.Generator().manual_seed(seed)
+    batches = [
+        torch.randint(0, VOCAB, (PER_RANK * dp, SEQ), generator=gen) for _ in range(case.steps)
+    ]
+    for step, ids in enumerate(batches):
+        if case.checkpoint and step == case.steps - 1:
+            model, opt = _reload(booster, ref, case, model, opt, sgd, errors)
+        want = ref(ids, labels=ids).loss
+        want.backward()
+        local = ids.chunk(dp)[dp_rank]
+        loss = model(local, labels=local).loss
+        booster.backward(loss, opt)
+        got = loss.detach().reshape(1)
+        comm.all_reduce(got, op="avg", group=plugin.mesh.group("dp"))
+        if rel(got[0], want) > 1e-5:
+            errors.append(f"step {step}: loss {float(got[0])} against {float(want)}")
+        if step == 0:
+            _check_grads(model, ref, errors)
+        if case.max_norm:  # the boosted optimizer clips by the whole model's norm in step()
+            torch.nn.utils.clip_grad_norm_(ref.parameters(), case.max_norm)
+        opt.step()
+        opt.zero_grad()
+        opt_ref.step()
+        opt_ref.zero_grad()
+    _check_weights(model, ref, errors, "trained")
+    return errors
+
+
+def _full(name: str, p: torch.Tensor, grad: bool = False) -> torch.Tensor:
+    from megalith.tensor_parallel.state import gather_full
+
+    t = p.grad if grad else p
+    if hasattr(p, "ep_spec"):
+        return gather_full(t, p.ep_group, p.ep_spec)
+    return t.detach()
+
+
+def _check_grads(model, ref, errors: list[str]) -> None:
+    want = dict(ref.named_parameters())
+    for name, p in model.unwrap().named_parameters():
+        err = rel(_full(name, p, grad=True), want[name].grad)
+        if err > 1e-5:
+            errors.append(f"first gradient of {name}: relative error {err:.3g}")
+
+
+def _check_weights(model, ref, errors: list[str], what: str) -> None:
+    want = dict(ref.named_parameters())
+    for name, p in model.unwrap().named_parameters():
+        full = _full(name, p)
+        if full.shape != want[name].shape:
+            errors.append(f"{what} {name}: shape {tuple(full.shape)}")
+        elif rel(full, want[name]) > 1e-5:
+            errors.append(f"{what} {name}: relative error {rel(full, want[name]):.3g}")
+
+
+def _reload(booster, ref, case: Case, model, opt, sgd, errors: list[str]):
+    """Saves model and optimizer; transformers reads the files as the trained model; a
+    fresh model boosted from another seed loads both and goes on."""
+    import shutil
+
+    import megalith_comm as comm
+    from megalith.booster import Booster
+    from megalith.booster.plugin import MoeHybridParallelPlugin
+
+    path = os.path.join(tempfile.gettempdir(), f"megalith-moe-ckpt-{os.getppid()}-{case.ep}")
+    booster.save_model(model, os.path.join(path, "model"), shard=True, size_per_shard=1)
+    booster.save_optimizer(opt, os.path.join(path, "optim"), shard=True)
+    before = {n: _full(n, p) for n, p in model.unwrap().named_parameters()}
+    hf = type(ref).from_pretrained(os.path.join(path, "model"))
+    ids = torch.randint(0, VOCAB, (2, SEQ))
+    with torch.no_grad():
+        err = rel(hf(ids).logits, ref(ids).logits)
+    if err > 1e-5:
+        errors.append(f"transformers' from_pretrained of the files: logits off by {err:.3g}")
+    fresh = tiny(case.family, case.experts, 12345)
+    plugin = MoeHybridParallelPlugin(tp_size=1, pp_size=1, ep_size=case.ep, precision="fp32",
+                                     max_norm=case.max_norm)  # fmt: skip
+    other = Booster(plugin=plugin)
+    model2, opt2, *_ = other.boost(fresh, sgd(fresh.parameters()))
+    other.load_model(model2, os.path.join(path, "model"))
+    other.load_optimizer(opt2, os.path.join(path, "optim"))
+    for name, p in model2.unwrap().named_parameters():
+        if not torch.equal(_full(name, p), before[name]):
+            errors.append(f"reloaded {name} differs from the saved model")
+    comm.barrier()
+    if comm.get_world().rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+    return model2, opt2
