@@ -1,7 +1,8 @@
 """What each rank runs in test_lora_saved_head.py: peft LoRA adapters plus a trainable
 copy of the LM head (LoraConfig(modules_to_save=["lm_head"])) on transformers' tiny
-Llama, built eagerly or in LazyInitContext, boosted and trained three SGD (momentum)
-steps on this replica's rows, against eager peft from the same seed on the whole batch:
+Llama, built in LazyInitContext (and given a checkpoint by booster.load_model before or
+after enable_lora), boosted and trained three SGD (momentum) steps on this replica's
+rows, against eager peft from the same seed (or checkpoint) on the whole batch:
 the losses, the first step's change of every trainable tensor (the head's copy
 included), the trained copy, which tensors the optimizer keeps state for, and the
 adapter save_lora_as_pretrained writes."""
@@ -20,6 +21,7 @@ from tests.finetune.lora_hybrid_workers import lora_config
 from tests.finetune.lora_lazy_workers import (
     BATCH,
     PEFT_PREFIX,
+    RESEED,
     STEPS,
     _relative,
     _snapshot,
@@ -46,12 +48,15 @@ def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def reference(seed: int) -> dict[str, Any]:
+def reference(seed: int, path: str | None) -> dict[str, Any]:
     """Eager peft on the whole batch: losses, trainable tensors before, after the first
     step and at the end (names without PEFT_PREFIX), and the trained logits."""
     import peft
 
-    model = peft.get_peft_model(plain_base("llama", seed, None), head_config())
+    base = plain_base("llama", seed, path)
+    if path is not None:  # adapters drawn where lazy_model draws them
+        torch.manual_seed(seed + RESEED)
+    model = peft.get_peft_model(base, head_config())
     named = {n.removeprefix(PEFT_PREFIX): p for n, p in model.named_parameters() if p.requires_grad}
     opt = torch.optim.SGD(trainable(model), lr=LR, momentum=MOMENTUM)
     ids, losses, after = batch(seed), [], []
@@ -79,22 +84,33 @@ def saved_state_keys(path: Path) -> list[str]:
     return list(json.loads(index.read_text())["weight_map"]) if index.is_file() else []
 
 
-def saved_head(rank: int, setting: tuple[str, bool, int, str]) -> dict[str, Any]:
-    from megalith.booster import Booster
+def lazy_model(booster: Any, how: str, seed: int, path: str | None) -> Any:
+    """The lazily built peft model: how "lazy" (no checkpoint), "load_first" or
+    "lora_first" (booster.load_model(path) before or after enable_lora)."""
     from megalith.lazy import LazyInitContext
 
-    plugin_name, lazy, seed, directory = setting
-    torch.set_num_threads(1)
-    want = reference(seed)
-    booster = Booster(plugin=plugin(plugin_name))
-    torch.manual_seed(seed)
-    if lazy:
-        with LazyInitContext():
-            base = build("llama")
-    else:
+    torch.manual_seed(seed if path is None else seed + 1)  # a checkpoint: not its weights
+    with LazyInitContext():
         base = build("llama")
+    if how == "load_first":
+        booster.load_model(base, path)
+    if path is not None:
+        torch.manual_seed(seed + RESEED)
+    model = booster.enable_lora(base, lora_config=head_config())
+    if how == "lora_first":
+        booster.load_model(model, path)
+    return model
+
+
+def saved_head(rank: int, setting: tuple[str, str, int, str | None, str]) -> dict[str, Any]:
+    from megalith.booster import Booster
+
+    plugin_name, how, seed, path, directory = setting
+    torch.set_num_threads(1)
+    want = reference(seed, path)
+    booster = Booster(plugin=plugin(plugin_name))
     try:
-        model = booster.enable_lora(base, lora_config=head_config())
+        model = lazy_model(booster, how, seed, path)
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
         model, opt, *_ = booster.boost(model, opt)
     except ValueError as e:

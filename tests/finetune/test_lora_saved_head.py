@@ -2,9 +2,10 @@
 a model built in LazyInitContext (issue 19), on 2 CPU ranks: the copy is recorded as a
 clone of its lazy original (megalith.lazy.adapters.record_saved_copies), so each plugin
 materialises it with the original's values where it materialises the base (a chunk at a
-time under LowLevelZero and Gemini, whole under HybridParallelPlugin(pp_size=2)).
-Against eager peft from the same seed (SGD with momentum, three steps): the losses, the
-first step's change of every trainable tensor (1e-5 relative), the trained copy (its
+time under LowLevelZero and Gemini, whole under HybridParallelPlugin(pp_size=2)); a base
+checkpoint loaded before or after enable_lora fills the copy with the head's weights.
+Against eager peft from the same seed or checkpoint (SGD with momentum, three steps): the
+losses, the first step's change of every trainable tensor (1e-5 relative), the trained copy (its
 original frozen and unchanged), momentum kept for the adapters and the copy only, and
 the adapter save_lora_as_pretrained writes: peft.PeftModel.from_pretrained gives the
 boosted model's logits. HybridParallelPlugin(tp_size=2) refuses it, naming what works."""
@@ -19,7 +20,13 @@ from megalith.testing import run_grid
 pytest.importorskip("peft")
 pytest.importorskip("transformers")
 
-PLUGINS = ["zero2", "gemini-chunks", "pp2", "hybrid-tp2"]
+GRID = [
+    ("zero2", "lazy"),
+    ("gemini-chunks", "lora_first"),
+    ("zero2", "load_first"),
+    ("pp2", "lazy"),
+    ("hybrid-tp2", "lazy"),
+]
 #: trained copy and logits after three momentum steps against eager peft's, relative
 #: to their largest: the steps amplify fp32 summation order (losses, first steps: 1e-5)
 TRAINED = 1e-4
@@ -30,11 +37,17 @@ def test_a_saved_head_on_a_lazy_model_trains_and_saves_as_eager_peft(tmp_path, g
     import peft
 
     from tests.finetune import lora_saved_head_workers as w
+    from tests.finetune.workers import write_checkpoint
 
     seed = int(torch.randint(0, 2**31, (1,), generator=gen))
-    settings = [(name, True, seed, str(tmp_path / name)) for name in PLUGINS]
+    checkpoint = tmp_path / "llama"
+    write_checkpoint(checkpoint, "llama", 2, torch.float32, seed + 2)
+    settings = [
+        (name, how, seed, None if how == "lazy" else str(checkpoint), str(tmp_path / f"{i}"))
+        for i, (name, how) in enumerate(GRID)
+    ]
     results = run_grid(w.saved_head, settings, 2, timeout=80)
-    for (name, _, _, directory), per_rank in zip(settings, results):
+    for (name, _, _, path, directory), per_rank in zip(settings, results):
         if name == "hybrid-tp2":
             for r in per_rank:
                 assert "modules_to_save" in r["refused"] and "tp_size=1" in r["refused"], r
@@ -48,10 +61,10 @@ def test_a_saved_head_on_a_lazy_model_trains_and_saves_as_eager_peft(tmp_path, g
         assert r["copy_moved"] > 1e-3 and r["original_kept"], (name, r["copy_moved"])
         keys = {k.split("::")[0].removeprefix(w.PEFT_PREFIX) for k in r["state_keys"]}
         assert w.COPY in keys and all("lora_" in k or k == w.COPY for k in keys), (name, keys)
-        loaded = peft.PeftModel.from_pretrained(w.plain_base("llama", seed, None), directory)
+        loaded = peft.PeftModel.from_pretrained(w.plain_base("llama", seed, path), directory)
         with torch.no_grad():
             got = loaded.eval()(input_ids=w.batch(seed)).logits
-        want = w.reference(seed)["logits"]
+        want = w.reference(seed, path)["logits"]
         assert w._relative(got, want) < TRAINED, (name, w._relative(got, want))
         if r["logits"] is not None:  # the boosted model's own (none under pp)
             torch.testing.assert_close(got, r["logits"], rtol=1e-5, atol=1e-5, msg=name)

@@ -50,7 +50,10 @@ def _peft_view(module: torch.nn.Module) -> tuple[torch.nn.Module, Callable[[str]
     """The module whose tensors a checkpoint of the model fills, and the checkpoint's
     name of each of its tensors (None: not the checkpoint's). A peft model's: its base
     model, names without peft's "base_layer" step, its LoRA adapters none (a base
-    model's files do not hold them)."""
+    model's files do not hold them); a modules_to_save head's original and its trainable
+    copies (head.original_module.weight, head.modules_to_save.<adapter>.weight) both the
+    head's own name, so the copy starts from the checkpoint as peft's copy of a loaded
+    head does."""
     if not (hasattr(module, "get_base_model") and hasattr(module, "peft_config")):
         return module, lambda name: name
 
@@ -58,7 +61,15 @@ def _peft_view(module: torch.nn.Module) -> tuple[torch.nn.Module, Callable[[str]
         parts = name.split(".")
         if any(p.startswith("lora_") for p in parts):
             return None
-        return ".".join(p for p in parts if p != "base_layer")
+        out, i = [], 0
+        while i < len(parts):
+            if parts[i] == "modules_to_save":  # and the adapter's name after it
+                i += 2
+                continue
+            if parts[i] not in ("base_layer", "original_module"):
+                out.append(parts[i])
+            i += 1
+        return ".".join(out)
 
     return module.get_base_model(), name_of
 
