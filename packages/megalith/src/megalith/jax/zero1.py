@@ -35,7 +35,10 @@ The contract:
   megalith/jax/transform.py, [Note: under jax.jit]); every rank must jit the same step.
 - GPU arrays come to the host and the collectives run over the group's Gloo group,
   as megalith.jax's other optimizers step on the host (no CUDA kernel for JAX yet).
-The state cannot be saved with megalith.jax.save_state (it is a shard; not yet).
+- ``megalith.jax.save_state`` / ``load_state`` take the state (collective): the first
+  rank writes the whole state gathered, in megalith.jax.adamw's format, and every rank
+  loads its shard of it, so a checkpoint resumes at any world size, or in adamw
+  (megalith/jax/zero1_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -92,7 +95,11 @@ class Zero1State:
     """One rank's shard of the AdamW state (see the module doc); a pytree without leaves."""
 
     def __init__(self, params: Any, group: Any, resource: _engine.memory.Resource):
-        flat, self.treedef = jax.tree_util.tree_flatten(params)
+        with_paths, self.treedef = jax.tree_util.tree_flatten_with_path(params)
+        flat = [leaf for _, leaf in with_paths]
+        # the leaves' names as megalith.jax.adamw's state has them: the saved files agree
+        self.names = [jax.tree_util.keystr(path) or "." for path, _ in with_paths]
+        self.optimizer = NAME
         self.shapes = [tuple(np.shape(x)) for x in flat]
         self.dtypes = [np.dtype(x.dtype) for x in flat]
         for i, dtype in enumerate(self.dtypes):
