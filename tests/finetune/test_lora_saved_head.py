@@ -1,4 +1,4 @@
-"""peft's modules_to_save (a trainable copy of the LM head beside the LoRA adapters) on
+"""peft's modules_to_save (a trainable copy of the LM head, or of a classifier's score, beside the LoRA adapters) on
 a model built in LazyInitContext (issue 19), on 2 CPU ranks: the copy is recorded as a
 clone of its lazy original (megalith.lazy.adapters.record_saved_copies), so each plugin
 materialises it with the original's values where it materialises the base (a chunk at a
@@ -8,7 +8,9 @@ Against eager peft from the same seed or checkpoint (SGD with momentum, three st
 losses, the first step's change of every trainable tensor (1e-5 relative), the trained copy (its
 original frozen and unchanged), momentum kept for the adapters and the copy only, and
 the adapter save_lora_as_pretrained writes: peft.PeftModel.from_pretrained gives the
-boosted model's logits. HybridParallelPlugin(tp_size=2) refuses it, naming what works."""
+boosted model's logits. Under HybridParallelPlugin(tp_size=2) a classifier's score (which
+the policy keeps replicated) and its copy train so too; a copy of the LM head, which the
+policy splits, is refused, naming what works."""
 
 from __future__ import annotations
 
@@ -21,15 +23,19 @@ pytest.importorskip("peft")
 pytest.importorskip("transformers")
 
 GRID = [
-    ("zero2", "lazy"),
-    ("gemini-chunks", "lora_first"),
-    ("zero2", "load_first"),
-    ("pp2", "lazy"),
-    ("hybrid-tp2", "lazy"),
+    ("zero2", "llama", "lazy"),
+    ("gemini-chunks", "llama", "lora_first"),
+    ("zero2", "llama", "load_first"),
+    ("pp2", "llama", "lazy"),
+    ("hybrid-tp2", "llama-cls", "lazy"),  # the score stays replicated, and so does its copy
+    ("hybrid-tp2", "llama", "lazy"),  # refused: the policy splits the LM head
 ]
-#: trained copy and logits after three momentum steps against eager peft's, relative
-#: to their largest: the steps amplify fp32 summation order (losses, first steps: 1e-5)
-TRAINED = 1e-4
+#: trained tensors and logits after three momentum steps against eager peft's, relative
+#: to their largest: the steps amplify fp32 summation order (two half batches averaged
+#: against one whole batch: logits 4.5e-4 off under plain TorchDDP as under ZeRO for a
+#: seed whose losses agree within 3e-7; losses and first steps: 1e-5); the saved
+#: adapter's logits equal the boosted model's to 1e-5
+TRAINED = 1e-3
 
 
 @pytest.mark.timeout(90)
@@ -43,12 +49,13 @@ def test_a_saved_head_on_a_lazy_model_trains_and_saves_as_eager_peft(tmp_path, g
     checkpoint = tmp_path / "llama"
     write_checkpoint(checkpoint, "llama", 2, torch.float32, seed + 2)
     settings = [
-        (name, how, seed, None if how == "lazy" else str(checkpoint), str(tmp_path / f"{i}"))
-        for i, (name, how) in enumerate(GRID)
-    ]
+        (name, family, how, seed, None if how == "lazy" else str(checkpoint), str(tmp_path / f"{i}"))
+        for i, (name, family, how) in enumerate(GRID)
+    ]  # fmt: skip
     results = run_grid(w.saved_head, settings, 2, timeout=80)
-    for (name, _, _, path, directory), per_rank in zip(settings, results):
-        if name == "hybrid-tp2":
+    for (name, family, _, _, path, directory), per_rank in zip(settings, results):
+        name = f"{name} {family}"
+        if name == "hybrid-tp2 llama":
             for r in per_rank:
                 assert "modules_to_save" in r["refused"] and "tp_size=1" in r["refused"], r
             continue
@@ -60,11 +67,12 @@ def test_a_saved_head_on_a_lazy_model_trains_and_saves_as_eager_peft(tmp_path, g
         assert max(r["trained_error"].values()) < TRAINED, (name, r["trained_error"])
         assert r["copy_moved"] > 1e-3 and r["original_kept"], (name, r["copy_moved"])
         keys = {k.split("::")[0].removeprefix(w.PEFT_PREFIX) for k in r["state_keys"]}
-        assert w.COPY in keys and all("lora_" in k or k == w.COPY for k in keys), (name, keys)
-        loaded = peft.PeftModel.from_pretrained(w.plain_base("llama", seed, path), directory)
+        saved = w.copy_name(family)
+        assert saved in keys and all("lora_" in k or k == saved for k in keys), (name, keys)
+        loaded = peft.PeftModel.from_pretrained(w.eager_base(family, seed, path), directory)
         with torch.no_grad():
             got = loaded.eval()(input_ids=w.batch(seed)).logits
-        want = w.reference(seed, path)["logits"]
+        want = w.reference(family, seed, path)["logits"]
         assert w._relative(got, want) < TRAINED, (name, w._relative(got, want))
         if r["logits"] is not None:  # the boosted model's own (none under pp)
             torch.testing.assert_close(got, r["logits"], rtol=1e-5, atol=1e-5, msg=name)

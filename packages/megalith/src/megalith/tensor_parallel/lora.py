@@ -57,20 +57,6 @@ def peft_base(model: nn.Module) -> nn.Module:
     return model
 
 
-def refuse_saved_modules(model: nn.Module, what: str) -> None:
-    """ValueError if model holds peft's modules_to_save copies (LoraConfig(modules_to_save=
-    ...)): a policy shards the layer they wrap (the LM head, a classifier), which a
-    wrapper around it hides."""
-    saved = [n for n, m in model.named_modules() if _is_saved_copy_wrapper(m)]
-    if saved:
-        raise ValueError(
-            f"{what}: peft's modules_to_save ({', '.join(saved)}) is not built under tensor "
-            "parallelism; it trains under TorchDDPPlugin, LowLevelZeroPlugin, GeminiPlugin "
-            "and HybridParallelPlugin(tp_size=1, any pp_size), or leave modules_to_save out "
-            "and add the layer to LoraConfig(target_modules=...) for a LoRA adapter on it"
-        )
-
-
 def _is_saved_copy_wrapper(module: nn.Module) -> bool:
     return isinstance(getattr(module, "modules_to_save", None), nn.ModuleDict) and hasattr(
         module, "original_module"
@@ -79,25 +65,44 @@ def _is_saved_copy_wrapper(module: nn.Module) -> bool:
 
 def shard_with_adapters(model: nn.Module, group: ProcessGroup, shard: Callable[[], object]) -> None:
     """Runs shard() (the policy's in-place sharding of `model`) with every LoRA layer's base
-    layer in the wrapper's place, then splits each adapter as its new base layer is split."""
+    layer in the wrapper's place, then splits each adapter as its new base layer is split.
+    peft's modules_to_save wrappers (a trainable copy of a head) have their original in
+    their place too: a head the policy leaves replicated (a classifier's score) keeps its
+    wrapper and copies, replicated as the head is; one it splits (the LM head) is refused."""
     wrappers = [(n, m) for n, m in model.named_modules() if is_lora_layer(m)]
-    if not wrappers:
+    saved = [(n, m) for n, m in model.named_modules() if _is_saved_copy_wrapper(m)]
+    if not wrappers and not saved:
         shard()
         return
     for name, wrapper in wrappers:
         _check_plain(name, wrapper)
+    inner = [(n, w, w.base_layer) for n, w in wrappers] + [
+        (n, w, w.original_module) for n, w in saved
+    ]
+    for name, _, layer in inner:
         parent, attr = _parent(model, name)
-        setattr(parent, attr, wrapper.base_layer)
+        setattr(parent, attr, layer)
     try:
         shard()
     finally:
-        for name, wrapper in wrappers:
+        split = []
+        for name, wrapper, layer in inner:
             parent, attr = _parent(model, name)
-            new_base = getattr(parent, attr)
+            new = getattr(parent, attr)
             setattr(parent, attr, wrapper)
-            if new_base is not wrapper.base_layer:
-                wrapper.base_layer = new_base
-                _split_adapters(name, wrapper, group)
+            if new is not layer:
+                split.append((name, wrapper, new))
+    for name, wrapper, new in split:
+        if _is_saved_copy_wrapper(wrapper):
+            raise ValueError(
+                f"{name}: peft's modules_to_save copy of a layer the tensor-parallel policy "
+                "splits (an LM head) is not built; under tp_size > 1 only heads the policy "
+                "keeps replicated (a classifier's score) take modules_to_save. Leave it out, "
+                "add the layer to LoraConfig(target_modules=...) for a LoRA adapter on it, or "
+                "train it under tp_size=1 (TorchDDPPlugin, LowLevelZeroPlugin, GeminiPlugin)"
+            )
+        wrapper.base_layer = new
+        _split_adapters(name, wrapper, group)
 
 
 def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:

@@ -482,18 +482,13 @@ class HybridParallelPlugin(StrategyPlugin, PipelinePluginBase):
         from megalith.lazy import is_lazy
         from megalith.lazy.tp_shards import shard_lazily
         from megalith.tensor_parallel import apply_ulysses, install_parallel_loss, shard_model
-        from megalith.tensor_parallel.lora import (
-            peft_base,
-            refuse_saved_modules,
-            shard_with_adapters,
-        )
+        from megalith.tensor_parallel.lora import peft_base, shard_with_adapters
         from megalith.tensor_parallel.ulysses import validate_ulysses
 
         w = world()
         policy = self._policy(model)
         base = peft_base(model)  # what the policy shards and cuts (model itself without peft)
         if self.tp_size > 1:
-            refuse_saved_modules(base, f"HybridParallelPlugin(tp_size={self.tp_size})")
             policy.validate(base, self.tp_size)  # before the mesh's collectives
         if self.sp_mode == "all_to_all":
             validate_ulysses(base, self.sp_size, self.tp_size)
