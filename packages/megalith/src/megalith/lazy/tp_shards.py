@@ -7,11 +7,12 @@ peft adapters) instead of materialising the model first. While shard() runs, eve
 torch function that reads a lazy tensor (the policy's detach, narrow, clone of a base
 weight) gets its real value instead, computed from the record for that tensor alone
 (with the generator states eager construction had: random_ops.py) and dropped once the
-policy has taken its shard: the lazy Parameter itself stays on the meta device, so no
-rank holds more of the full model than the one tensor being cut. What shard() left
-lazy (layer norms, replicated biases, buffers) is then materialised in place, each
-tensor alone (chunks.ChunkMaterializer). The values are eager construction's under the
-same seed, bit for bit, as the whole materialisation's are.
+policy has taken its shard (the last two are kept, for a weight and its bias read in
+turn). The lazy Parameter itself stays on the meta device, so no rank holds more of the
+full model than those two tensors beside its shards. What shard() left lazy (layer
+norms, replicated biases and heads, buffers: what every rank keeps whole anyway) is
+then materialised in place from the ops it needs (chunks.ChunkMaterializer). The values
+are eager construction's under the same seed, bit for bit.
 """
 
 from __future__ import annotations
