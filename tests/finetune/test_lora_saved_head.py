@@ -10,7 +10,8 @@ original frozen and unchanged), momentum kept for the adapters and the copy only
 the adapter save_lora_as_pretrained writes: peft.PeftModel.from_pretrained gives the
 boosted model's logits. Under HybridParallelPlugin(tp_size=2) a classifier's score (which
 the policy keeps replicated) and its copy train so too; a copy of the LM head, which the
-policy splits, is refused, naming what works."""
+policy splits, is refused, naming what works. On one process: a saved adapter with a
+copy loads onto a lazy model (enable_lora(pretrained_dir=...)) with the saved values."""
 
 from __future__ import annotations
 
@@ -76,3 +77,33 @@ def test_a_saved_head_on_a_lazy_model_trains_and_saves_as_eager_peft(tmp_path, g
         assert w._relative(got, want) < TRAINED, (name, w._relative(got, want))
         if r["logits"] is not None:  # the boosted model's own (none under pp)
             torch.testing.assert_close(got, r["logits"], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_a_saved_adapter_with_a_head_copy_loads_onto_a_lazy_model(tmp_path, gen):
+    """One process: enable_lora(pretrained_dir=...) of an adapter saved with a
+    modules_to_save copy puts the saved copy's values (read from its file: peft's own
+    load keeps nothing of meta tensors) and the adapters' into a lazy model, real and
+    trainable, beside base weights still on the meta device."""
+    import peft
+
+    from megalith.booster.plugin.base import peft_model
+    from megalith.lazy import LazyInitContext
+    from tests.finetune import lora_saved_head_workers as w
+
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    saved = peft.get_peft_model(w.build_base("llama-cls"), w.head_config("llama-cls"))
+    with torch.no_grad():  # a trained copy: not the original's values
+        for p in saved.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p))
+    saved.save_pretrained(str(tmp_path))
+    with LazyInitContext():
+        base = w.build_base("llama-cls")
+    model = peft_model("Test", base, str(tmp_path), None, None)
+    want, got = peft.get_peft_model_state_dict(saved), peft.get_peft_model_state_dict(model)
+    assert want.keys() == got.keys() and any("score" in k for k in want)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert w.PEFT_PREFIX + w.copy_name("llama-cls") in trainable
+    assert all(not p.is_meta for p in model.parameters() if p.requires_grad)
+    assert all(p.is_meta for n, p in model.named_parameters() if "layers" in n and "lora_" not in n)

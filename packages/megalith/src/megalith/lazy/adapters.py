@@ -20,7 +20,8 @@ peft's `make` so that the adapters
 
 peft's modules_to_save copies (a trainable head) are deep copies of lazy modules, made
 after the context closed: each copied tensor is recorded as a clone of its original
-(record_saved_copies), so it stays lazy and materialises with the original's values.
+(record_saved_copies), so it stays lazy and materialises with the original's values;
+read from a saved adapter (pretrained_dir), the copy's values come from its file.
 
 peft.get_peft_model inside the LazyInitContext works without this (the adapters are
 recorded and replayed with the base weights); called after the context closed it loses
@@ -30,31 +31,38 @@ their values, and boost refuses the model (check_adapters).
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from .chunks import _put
 from .context import _TRACES, _tensors, _trace_of
 from .random_ops import state_after
 from .trace import Trace, set_generators
 
 
-def with_adapters(model: nn.Module, make: Callable[[], nn.Module], draws: bool) -> nn.Module:
+def with_adapters(
+    model: nn.Module, make: Callable[[], nn.Module], pretrained_dir: str | None
+) -> nn.Module:
     """make() (peft's get_peft_model or PeftModel.from_pretrained on the lazily built
-    `model`) with its new adapters real; draws: whether they take random values (not
-    when they are read from a saved adapter)."""
+    `model`) with its new adapters real; pretrained_dir: the saved adapter make() reads
+    (None: the adapters take random values)."""
     from ..pretrained.deferred import pending_load
 
-    if draws and pending_load(model) is None:
+    if pretrained_dir is None and pending_load(model) is None:
         advance_generators(model)
-    with adapters_kept_real():
+    with adapters_kept_real(), warnings.catch_warnings():
+        # torch's note that a saved modules_to_save copy went into a meta tensor: it is
+        # read from the file below
+        warnings.filterwarnings("ignore", message=".*to a meta parameter in the current model")
         adapted = make()
-    if draws:
+    if pretrained_dir is None:
         record_saved_copies(adapted)
     else:
-        _refuse_loaded_copies(adapted)
+        _fill_loaded_copies(adapted, pretrained_dir)
     check_adapters(adapted)
     return adapted
 
@@ -85,20 +93,33 @@ def record_saved_copies(model: nn.Module) -> None:
                     trace.record_clone(src, dst)
 
 
-def _refuse_loaded_copies(model: nn.Module) -> None:
-    """A saved adapter's modules_to_save values go into peft's copies of lazy modules,
-    which are meta tensors: peft's load keeps nothing of them."""
-    for name, module in model.named_modules():
-        copies = getattr(module, "modules_to_save", None)
-        if isinstance(copies, nn.ModuleDict) and any(
-            t.is_meta for c in copies.values() for _, _, t, _ in _tensors(c)
-        ):
-            raise ValueError(
-                f"{name}: a saved adapter with modules_to_save loaded onto a model built in "
-                "LazyInitContext loses the saved module's values; call "
-                "LazyInitContext.materialize(model) before booster.enable_lora(model, "
-                "pretrained_dir=...)"
-            )
+def _fill_loaded_copies(model: nn.Module, directory: str) -> None:
+    """A saved adapter's modules_to_save values, read from its file into peft's copies of
+    lazy modules: peft loads them into meta tensors, which keeps nothing."""
+    wrappers = [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(getattr(m, "modules_to_save", None), nn.ModuleDict)
+        and any(t.is_meta for c in m.modules_to_save.values() for _, _, t, _ in _tensors(c))
+    ]
+    if not wrappers:
+        return
+    from peft.utils import load_peft_weights
+
+    weights = load_peft_weights(directory, device="cpu")
+    for name, module in wrappers:
+        for copy in module.modules_to_save.values():
+            for owner, attr, t, is_param in _named_tensors(copy):
+                if not t.is_meta:
+                    continue
+                key = f"{name}.{attr}"  # peft's file names leave out modules_to_save.<adapter>
+                if key not in weights:
+                    raise ValueError(
+                        f"{directory}: no {key!r} for the modules_to_save copy {name}; save "
+                        "the adapter with save_lora_as_pretrained or peft's save_pretrained"
+                    )
+                value = weights[key].to(t.dtype)
+                _put(owner, attr.rpartition(".")[2], t, value, is_param)
 
 
 def _named_tensors(module: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor, bool]]:

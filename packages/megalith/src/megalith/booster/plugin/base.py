@@ -92,7 +92,7 @@ def peft_model(
     if is_lazy(model):  # adapters real now, base weights lazy until boost
         from megalith.lazy.adapters import with_adapters
 
-        return with_adapters(model, make, draws=pretrained_dir is None)
+        return with_adapters(model, make, pretrained_dir)
     return make()
 
 
