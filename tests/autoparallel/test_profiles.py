@@ -108,5 +108,6 @@ def test_megalith_calibrate_quick_end_to_end(tmp_path):
         "all_gather",
         "broadcast",
         "send_recv",
+        "all_to_all",
     }
     assert all(math.isfinite(x) and x > 0 for x in figures)

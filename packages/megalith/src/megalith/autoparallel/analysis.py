@@ -59,6 +59,8 @@ def _cost(name: str, tally: PartTally) -> BlockCost:
         boundary_bytes=tally.boundary_bytes,
         tp_allreduce_bytes=tally.tp_allreduce_bytes,
         ops=ops,
+        attention_io_bytes=tally.attention_io_bytes,
+        param_tensors=tally.param_tensors,
     )
 
 

@@ -21,6 +21,7 @@ import torch
 
 from . import calibrate_compute as compute
 from .calibrate_comm import measure_collectives
+from .calibrate_handoff import MESSAGE_ROWS, WIDTH, pipeline_handoff_s
 from .calibrate_pass import pipeline_pass_s
 from .calibrate_split import split_backward_call_s
 from .types import MachineProfile
@@ -95,9 +96,14 @@ def calibrate(
         torch.set_num_threads(threads)
     disk_read, disk_write = compute.disk_bandwidths((64 if quick else 256) * MiB, disk_dir)
     say(f"disk done ({time.perf_counter() - started:.1f} s)")
-    collectives = measure_collectives(nproc, "nccl" if device == "cuda" else "gloo", quick)
+    backend = "nccl" if device == "cuda" else "gloo"
+    collectives = measure_collectives(nproc, backend, quick)
+    say(f"collectives done ({time.perf_counter() - started:.1f} s)")
+    message = collectives.get("send_recv", {}).get("2")
+    message_s = message.time(MESSAGE_ROWS * WIDTH * 4) if message else 0.0
+    handoff = pipeline_handoff_s(nproc, backend, message_s, quick)
     elapsed = time.perf_counter() - started
-    say(f"collectives done ({elapsed:.1f} s)")
+    say(f"pipeline hand-over done ({elapsed:.1f} s)")
     host = _host_memory()
     if device == "cuda":
         name, per_device = torch.cuda.get_device_name(0), torch.cuda.mem_get_info(0)[1]
@@ -123,6 +129,7 @@ def calibrate(
         transport="nccl" if device == "cuda" else "gloo",
         split_backward_call_s=split_call,
         pipeline_pass_s=pass_s,
+        pipeline_handoff_s=handoff,
         measured=(
             f"megalith calibrate{flags} on {socket.gethostname()}, "
             f"{time.strftime('%Y-%m-%d %H:%M %Z')}, torch {torch.__version__}, {elapsed:.0f} s"
@@ -155,6 +162,7 @@ def format_profile(p: MachineProfile) -> str:
         ("h2d / d2h", f"{_rate(p.h2d_bandwidth, 'B/s')} / {_rate(p.d2h_bandwidth, 'B/s')}"),
         ("split backward", f"{p.split_backward_call_s * 1e6:.1f} us per W call"),
         ("pipeline pass", f"{p.pipeline_pass_s * 1e6:.1f} us per pass"),
+        ("pipeline hand-over", f"{p.pipeline_handoff_s * 1e6:.1f} us per pass from another rank"),
         (
             "disk read / write",
             f"{_rate(p.disk_read_bandwidth, 'B/s')} / {_rate(p.disk_write_bandwidth, 'B/s')}",

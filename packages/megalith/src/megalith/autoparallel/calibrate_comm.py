@@ -5,7 +5,7 @@ g ranks, and time = latency + bytes / bandwidth fitted to them.
 
 Bytes are the whole buffer, as nccl-tests counts them: the all-reduced tensor, the
 reduce-scatter's input, the all-gather's output, the broadcast tensor, the message
-sent; so bandwidth is nccl-tests' algbw (profiles.py turns it into a per-link rate).
+sent, one rank's send buffer of an all-to-all (Ulysses' exchange); so bandwidth is nccl-tests' algbw (profiles.py turns it into a per-link rate).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from .types import AlphaBeta
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv")
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv", "all_to_all")
 
 
 def fit_alpha_beta(points: list[tuple[int, float]]) -> AlphaBeta:
@@ -40,6 +40,7 @@ def _time_op(op: str, group, nbytes: int, device: torch.device, reps: int) -> fl
     numel = max(g, nbytes // 4 // g * g)
     buf = torch.ones(numel, device=device)
     shard = torch.ones(numel // g, device=device)
+    received = torch.empty_like(buf)
     me = group.rank
 
     def once() -> None:
@@ -49,6 +50,8 @@ def _time_op(op: str, group, nbytes: int, device: torch.device, reps: int) -> fl
             comm.reduce_scatter(shard, buf, group=group)
         elif op == "all_gather":
             comm.all_gather(buf, shard, group=group)
+        elif op == "all_to_all":
+            comm.all_to_all(received, buf, group=group)
         elif op == "broadcast":
             comm.broadcast(buf, src=group.ranks[0], group=group)
         elif me == 0:  # send_recv: a ping-pong, half a round trip each way

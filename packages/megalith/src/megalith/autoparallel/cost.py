@@ -4,7 +4,10 @@ step = compute of every micro-batch (forward 1x, backward BACKWARD_FACTOR x, the
     checkpointed layers' forward again in backward), with a pipeline's bubble from
     megalith_pipeline's simulator playing the schedule with these pass times
   + tp all-reduces (2 per layer forward, 2 backward, on the tp group); under sp,
-    Ulysses' all-to-alls (ULYSSES_ALL_TO_ALLS per layer each way)
+    Ulysses' all-to-alls (4 per layer each way, their bytes from the traced attention),
+    the span's all-gathers and every layer parameter's gradient all-reduce over sp in
+    each backward (sp_costs.py); sp splits only the layers' sequence: the embedding and
+    the head run whole on each sp rank
   + pp messages (boundary_bytes per micro-batch each way, inside the simulated passes)
   + under a split backward (ZB-V) what W's per-node calls add (split_costs.py: the
     profile's split_backward_call_s per frontier node, and in checkpointed blocks a
@@ -12,6 +15,10 @@ step = compute of every micro-batch (forward 1x, backward BACKWARD_FACTOR x, the
   + every pipeline pass's fixed cost (pp > 1): the profile's pipeline_pass_s per pass
     (F, B, I, W of one micro-batch on one stage; stages.passes_per_rank counts them from
     megalith_pipeline's schedule), inside the simulated passes
+  + every pass whose input comes from another rank (a forward after a stage on another
+    rank, a backward or I before one) waits the profile's pipeline_handoff_s beyond its
+    message (ranks that outnumber the cores: calibrate_handoff.py), inside the
+    simulated passes; stages.handoffs_per_rank counts them
   + the dp gradient reduction that backward does not hide: max(0, comm - DP_OVERLAP x
     the last micro-batch's backward) (all-reduce at stages 0-1, reduce-scatter at 2-3),
     one collective per bucket or chunk (`reductions`: DDP's and ZeRO's buckets, stage 3's
@@ -37,6 +44,7 @@ from .collectives import collective_time, latency, send_recv_time
 from .compute import BACKWARD_FACTOR, forward_time
 from .knobs import Knobs
 from .memory import ZERO_BUCKET_BYTES, Memory, peak_memory, working_bytes
+from .sp_costs import grad_reduce_s, span_gather_s, ulysses_pass_s
 from .split_costs import weight_pass_extra
 from .types import BlockCost, Candidate, Cluster, ModelAnalysis
 
@@ -49,8 +57,6 @@ ADAM_BYTES_PER_PARAM = 28
 #: cores hide nothing; benchmarks/results/autoparallel/2026-12-02_cpu_grid.md); nccl: a
 #: guess, not fitted until the H200 grid is recorded
 DP_OVERLAP = {"nccl": 0.8, "gloo": 0.0}
-#: all-to-alls of one layer's forward under all_to_all sequence parallelism (Ulysses)
-ULYSSES_ALL_TO_ALLS = 4
 #: the share of compute stage 3's prefetched all-gathers hide under (fitted with
 #: DP_OVERLAP, one value per transport; nccl not fitted)
 ZERO3_OVERLAP = {"nccl": 0.8, "gloo": 0.0}
@@ -143,28 +149,40 @@ def peak_rate(cluster: Cluster) -> float:
 
 def _pass_times(
     blocks: list[BlockCost], layers: set[int], analysis: ModelAnalysis, cluster: Cluster, k: Knobs
-) -> tuple[float, float, float, float]:
-    """(forward, backward, recompute, tp communication) seconds of one micro-batch on blocks."""
+) -> tuple[float, float, float, float, float]:
+    """(forward, backward, recompute, forward communication, backward communication)
+    seconds of one micro-batch on blocks: tp's all-reduces, and under sp Ulysses' costs
+    (sp_costs.py). sp splits the sequence of the layers only: the embedding and the head
+    run on the whole sequence on every sp rank."""
     prof = cluster.profile
-    fwd = [forward_time(b, k, prof, analysis.seq_len, analysis.hidden) for b in blocks]
+    whole = replace(k, sp=1)
+    fwd = [
+        forward_time(b, k if id(b) in layers else whole, prof, analysis.seq_len, analysis.hidden)
+        for b in blocks
+    ]
     ckpt = _checkpointed(blocks, layers, k)
     recompute = sum(f for b, f in zip(blocks, fwd) if id(b) in ckpt)
-    comm = 0.0
+    comm = 0.0  # a pass's, the same forward and backward
     if k.tp > 1:
         for b in blocks:
-            nbytes = b.tp_allreduce_bytes * k.micro_batch / k.sp
+            shards = k.sp if id(b) in layers else 1
+            nbytes = b.tp_allreduce_bytes * k.micro_batch / shards
             one_pass = 2 * collective_time(cluster, "all_reduce", k.tp, nbytes / 2)
             one_pass += 2 * TP_SYNC_S.get(prof.transport, 0.0)
-            comm += one_pass * (3 if id(b) in ckpt else 2)
-    if k.sp > 1:  # Ulysses: q, k, v and the output through an all-to-all each way
+            comm += one_pass * (1.5 if id(b) in ckpt else 1)
+    comm_fwd = comm_bwd = comm
+    if k.sp > 1:
+        wd = working_bytes(k)
         for b in blocks:
             if id(b) in layers:
-                nbytes = b.boundary_bytes * k.micro_batch / k.sp
-                one_pass = ULYSSES_ALL_TO_ALLS * collective_time(
-                    cluster, "all_to_all", k.sp, nbytes, k.tp
-                )
-                comm += one_pass * (3 if id(b) in ckpt else 2)
-    return sum(fwd), BACKWARD_FACTOR * sum(fwd), recompute, comm
+                a2a = ulysses_pass_s(cluster, b, k)
+                comm_fwd += a2a
+                comm_bwd += a2a * (2 if id(b) in ckpt else 1) + grad_reduce_s(cluster, b, k, wd)
+        if any(b is analysis.blocks[-1] for b in blocks):  # gathered after the last layer
+            comm_fwd += span_gather_s(cluster, analysis.blocks[-1], k)
+        if any(b is analysis.blocks[0] for b in blocks):  # the split's gradient, gathered
+            comm_bwd += span_gather_s(cluster, analysis.blocks[0], k)
+    return sum(fwd), BACKWARD_FACTOR * sum(fwd), recompute, comm_fwd, comm_bwd
 
 
 def _checkpointed(blocks: list[BlockCost], layers: set[int], k: Knobs) -> set[int]:
@@ -195,9 +213,9 @@ def step_parts(
     m = k.num_microbatches
     share = m / k.pp  # each rank's share of every stage's work, over the step
     parts = {
-        "compute": sum(f + b for f, b, _, _ in passes) * share,
-        "recompute": sum(r for _, _, r, _ in passes) * share,
-        ("tp_comm" if k.sp == 1 else "tp_sp_comm"): sum(c for _, _, _, c in passes) * share,
+        "compute": sum(f + b for f, b, _, _, _ in passes) * share,
+        "recompute": sum(r for _, _, r, _, _ in passes) * share,
+        ("tp_comm" if k.sp == 1 else "tp_sp_comm"): sum(cf + cb for *_, cf, cb in passes) * share,
     }
     extra = [0.0] * len(timed)
     if k.schedule in SPLIT_SCHEDULES:  # W's own calls (and recomputes): split_costs.py
@@ -207,24 +225,29 @@ def step_parts(
         ]
         parts["split_backward"] = sum(extra) * share
     where = stages.placement(k)
-    bwd = [b + r + c / 2 + e for (_, b, r, c), e in zip(passes, extra)]
+    bwd = [b + r + cb + e for (_, b, r, _, cb), e in zip(passes, extra)]
     last_bwd = max(sum(bwd[s] for s in range(len(where)) if where[s] == r) for r in range(k.pp))
     if k.pp > 1 and not simulate and k.schedule != "zbv":  # the least bubble of 1F1B
-        parts["pp_bubble_and_p2p"] = (k.pp - 1) / k.chunks * min(f + b + r for f, b, r, _ in passes)
+        least = min(f + b + r for f, b, r, _, _ in passes)
+        parts["pp_bubble_and_p2p"] = (k.pp - 1) / k.chunks * least
     pass_s = cluster.profile.pipeline_pass_s if k.pp > 1 else 0.0
     if pass_s:  # each pass's fixed cost: the busiest rank's passes
         parts["pipeline_passes"] = max(stages.passes_per_rank(k.schedule, k.pp, m)) * pass_s
+    handoff = cluster.profile.pipeline_handoff_s if k.pp > 1 else 0.0
+    fwd_in, bwd_in = stages.handoffs(where)
+    if handoff:  # the busiest rank's passes fed by another rank
+        parts["pipeline_handoffs"] = max(stages.handoffs_per_rank(k.schedule, k.pp, m)) * handoff
     if k.pp > 1 and simulate:
         boundary = analysis.blocks[0].boundary_bytes * k.micro_batch / k.sp
         across = cluster.nodes > 1 and k.world // k.pp >= cluster.per_node
         msg = send_recv_time(cluster, boundary, across)
-        fwd = [f + c / 2 + pass_s for f, _, _, c in passes]
+        fwd = [f + cf + pass_s + handoff * h for (f, _, _, cf, _), h in zip(passes, fwd_in)]
         # a split backward (ZB-H1, ZB-V): I recomputes and moves the input gradients (tp's
         # backward all-reduces are on that path); W is the weight gradients' half. Its
         # backward is two passes (I, W), each paying pass_s
         split = 2 if k.schedule in SPLIT_SCHEDULES else 1
-        inp = [b / 2 + r + c / 2 + pass_s for _, b, r, c in passes]
-        sim_bwd = [b + split * pass_s for b in bwd]
+        inp = [b / 2 + r + cb + pass_s + handoff * h for (_, b, r, _, cb), h in zip(passes, bwd_in)]
+        sim_bwd = [b + split * pass_s + handoff * h for b, h in zip(bwd, bwd_in)]
         makespan = _pipeline(k, tuple(fwd), tuple(sim_bwd), tuple(inp), msg, where)
         parts["pp_bubble_and_p2p"] = max(0.0, makespan - sum(parts.values()))
     parts.update(_dp_and_optimizer(analysis, cluster, k, vstages, last_bwd, parts))
@@ -271,10 +294,10 @@ def _dp_and_optimizer(
     overlap = DP_OVERLAP.get(prof.transport, 0.5)
     out: dict[str, float] = {}
     count = reductions(k, [b for blocks in vstages for b in blocks], n, wd) - 1
-    if k.dp * k.sp > 1:  # sp ranks hold the same parameters: they reduce with dp
+    if k.dp > 1:  # over dp alone: Ulysses' hooks summed the layers' gradients over sp
         op = "all_reduce" if k.zero_stage <= 1 else "reduce_scatter"
-        reduce = collective_time(cluster, op, k.dp * k.sp, n * wd, k.tp)
-        reduce += count * latency(cluster, op, k.dp * k.sp, k.tp)
+        reduce = collective_time(cluster, op, k.dp, n * wd, stride)
+        reduce += count * latency(cluster, op, k.dp, stride)
         out["dp_reduce"] = max(0.0, reduce - overlap * last_bwd)
     gather = collective_time(cluster, "all_gather", k.dp, n * wd, stride)
     gather += count * latency(cluster, "all_gather", k.dp, stride)

@@ -36,9 +36,10 @@ PART_NAMES = {
     "compute": "compute",
     "recompute": "recompute",
     "tp_comm": "tp's all-reduces",
-    "tp_sp_comm": "tp's all-reduces and sp's all-to-alls",
+    "tp_sp_comm": "tp's all-reduces and sp's all-to-alls and gradient all-reduces",
     "split_backward": "the split backward's W calls",
     "pipeline_passes": "the pipeline passes' fixed cost",
+    "pipeline_handoffs": "the pipeline hand-overs' waits",
     "pp_bubble_and_p2p": "the bubble",
     "dp_reduce": "the exposed gradient reduction",
     "zero3_gather": "stage 3's exposed gathers",
@@ -83,6 +84,7 @@ class Record:
     smallest: tuple[int, Knobs, Memory] | None = None  # least device need over the budget
     host_bound: tuple[int, Knobs, Memory] | None = None  # fits the device, not the host
     too_big_count: int = 0
+    smallest_without_sp: int = 0  # least device need of a plan with sp = 1 over the budget
 
     def illegal(self, why: str) -> None:
         if why not in self.reasons:
@@ -90,6 +92,8 @@ class Record:
 
     def too_big(self, k: Knobs, m: Memory) -> None:
         self.too_big_count += 1
+        if k.sp == 1 and m.device > self.budget:
+            self.smallest_without_sp = min(self.smallest_without_sp or m.device, m.device)
         if m.device > self.budget:
             if self.smallest is None or m.device < self.smallest[0]:
                 self.smallest = (m.device, k, m)
@@ -101,10 +105,8 @@ class Record:
 
         fixed = ", ".join(f"{k}={v}" for k, v in constraints.items())
         relax = f" (or relax the constraint(s) {fixed})" if fixed else ""
-        # the layouts every world rules out (sp beside a pipeline) say nothing about this one
-        # (the heads' divisibility first: it is what a device count gets wrong)
-        kept = [r for r in self.reasons if "without a pipeline" not in r]
-        ruled_out = "; ".join(sorted(kept, key=lambda r: "heads" not in r)[:4])
+        # the heads' divisibility first: it is what a device count gets wrong
+        ruled_out = "; ".join(sorted(self.reasons, key=lambda r: "heads" not in r)[:4])
         if self.smallest is None and self.host_bound is None:
             return NoFeasiblePlan(
                 f"no legal plan for {analysis.model} on {cluster.world} devices"
@@ -203,6 +205,39 @@ def _why_slower(c: Candidate, winner: Candidate) -> str:
     )
 
 
+def _why_sp(
+    winner: Candidate,
+    record: Record,
+    pool: list[tuple[float, int, Knobs, Memory]],
+    scorer: Callable[[Knobs, Memory], Candidate],
+) -> str:
+    """The winner line's clause on its sequence parallelism: the plans without it do not
+    fit, fit only by recomputing or offloading, or are slower."""
+    sp = winner.sp
+    without = sorted((e for e in pool if e[2].sp == 1), key=lambda e: e[0])[:3]
+    if not without:
+        need = record.smallest_without_sp
+        return (
+            f"; sp{sp} because no plan without sequence parallelism fits: splitting each "
+            f"sequence over {sp} ranks divides the layers' activations by {sp}"
+            + (f" (without it the smallest plan needs {need / GB:.2f} GB)" if need else "")
+        )
+    best = min((scorer(k, m) for _, _, k, m in without), key=lambda c: c.predicted_step_s)
+    ratio = best.predicted_step_s / winner.predicted_step_s
+    if best.ckpt or best.offload != "none":
+        how = " and ".join(
+            w
+            for w, on in (("recomputing", best.ckpt), ("offloading", best.offload != "none"))
+            if on
+        )
+        return (
+            f"; sp{sp} because without it the plans fit only by {how}: splitting each sequence "
+            f"over {sp} ranks divides the layers' activations by {sp}; the best without sp "
+            f"({describe(best)}) takes {ratio:.2f}x as long"
+        )
+    return f"; sp{sp}: without sequence parallelism {_why_slower(best, winner)}"
+
+
 def annotate(
     ranked: list[Candidate],
     record: Record,
@@ -221,6 +256,7 @@ def annotate(
             if len(ranked) > 1
             else ""
         )
+        + (_why_sp(winner, record, pool, scorer) if winner.sp > 1 else "")
     ]
     for family, member in FAMILIES.items():
         if member(winner):

@@ -17,7 +17,7 @@ Activations: a block keeps activation_bytes per sequence (a checkpointed one onl
 boundary_bytes, plus one block's worth while it is recomputed), for the micro-batches a
 schedule keeps in flight (stages.peak_activations: a split backward holds a micro-batch's whole
 activations from I, which recomputes them, to W); tp shards TP_SHARDED_ACTIVATIONS of them,
-sp divides them all. Slack: ALLOCATOR_SLACK of the total and a fixed baseline per device
+sp divides all of the layers' (the embedding and the head run on the whole sequence). Slack: ALLOCATOR_SLACK of the total and a fixed baseline per device
 kind (BASELINE_BYTES) for what is not tensors.
 """
 
@@ -120,9 +120,12 @@ def model_state(n: int, largest: int, knobs: Knobs) -> tuple[int, int, int, int,
     return params, grads, in_flight, gathered, optimizer, host
 
 
-def block_activation(block: BlockCost, knobs: Knobs, checkpointed: bool, scale: float) -> float:
-    """Bytes one block keeps for backward per micro-batch."""
-    b = knobs.micro_batch / knobs.sp
+def block_activation(
+    block: BlockCost, knobs: Knobs, checkpointed: bool, scale: float, layer: bool = True
+) -> float:
+    """Bytes one block keeps for backward per micro-batch; layer: one of the repeated
+    layers, whose sequence sp splits (not the embedding or the head)."""
+    b = knobs.micro_batch / (knobs.sp if layer else 1)
     if checkpointed:
         return block.boundary_bytes * b * scale
     kept = TP_SHARDED_ACTIVATIONS / knobs.tp + (1 - TP_SHARDED_ACTIVATIONS)
@@ -136,7 +139,8 @@ def stage_activations(
     layers: its repeated layers (the ones checkpointing applies to)."""
     n_ckpt = round(knobs.ckpt * len(layers))
     ckpt = {id(b) for b in layers[:n_ckpt]}
-    kept = sum(block_activation(b, knobs, id(b) in ckpt, scale) for b in blocks)
+    mine = {id(b) for b in layers}
+    kept = sum(block_activation(b, knobs, id(b) in ckpt, scale, id(b) in mine) for b in blocks)
     recompute = max((block_activation(b, knobs, False, scale) for b in layers[:n_ckpt]), default=0)
     return kept, recompute
 
@@ -151,9 +155,10 @@ def split_held(
     checkpointed block's recompute in I leaves only what W still unpacks
     (SPLIT_RECOMPUTED_SHARE), beside its kept input. layers: as in stage_activations."""
     ckpt = {id(b) for b in layers[: round(knobs.ckpt * len(layers))]}
+    mine = {id(b) for b in layers}
     out = 0.0
     for b in blocks:
-        whole = block_activation(b, knobs, False, scale)
+        whole = block_activation(b, knobs, False, scale, id(b) in mine)
         if id(b) in ckpt:
             kept = block_activation(b, knobs, True, scale)
             out += kept + whole * (SPLIT_RECOMPUTED_SHARE + SPLIT_GRAD_SHARE)

@@ -34,7 +34,7 @@ from typing import Any
 from .types import AlphaBeta, Cluster, MachineProfile
 
 BUILTIN_DIR = Path(__file__).with_name("profiles")
-RING_FACTOR = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}
+RING_FACTOR = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "all_to_all": 1.0}
 
 
 def builtin_profiles() -> list[str]:

@@ -4,8 +4,8 @@ the constraints a user fixes (a value or a tuple of values per knob).
 Legality is what megalith can run (megalith.strategy.Strategy's own checks): world =
 dp x tp x pp x sp; tp divides the heads and kv heads and stays inside a node; layers >=
 pp x chunks; tp, pp or sp > 1 run in the hybrid plugin at ZeRO stage 0-2, which offloads
-only everything to host memory; all_to_all sp (Ulysses) divides heads with tp and runs
-without a pipeline; offloading needs a ZeRO stage >= 1; an embedding tied to the head
+only everything to host memory; all_to_all sp (Ulysses) divides heads with tp, and the
+sequence, beside tp and beside a pipeline (HybridParallelPlugin runs both); offloading needs a ZeRO stage >= 1; an embedding tied to the head
 across pipeline stages trains at ZeRO stage 0 or 1 (why_illegal_tied).
 """
 
@@ -73,14 +73,11 @@ def why_illegal_layout(
         return reason
     if pp > analysis.layers:
         return f"pp={pp}: more stages than the model's {analysis.layers} layers"
-    if sp > 1:
-        if pp > 1:
-            return f"sp={sp} with pp={pp}: all_to_all sequence parallelism runs without a pipeline"
-        if analysis.heads % (tp * sp) or analysis.seq_len % sp:
-            return (
-                f"sp={sp}: tp x sp = {tp * sp} must divide the {analysis.heads} heads and sp "
-                f"the sequence of {analysis.seq_len}"
-            )
+    if sp > 1 and (not analysis.heads or analysis.heads % (tp * sp) or analysis.seq_len % sp):
+        return (
+            f"sp={sp}: tp x sp = {tp * sp} must divide the {analysis.heads} heads and sp "
+            f"the sequence of {analysis.seq_len}"
+        )
     return None
 
 

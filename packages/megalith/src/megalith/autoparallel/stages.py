@@ -114,3 +114,35 @@ def passes_per_rank(name: str, pp: int, m: int) -> tuple[int, ...]:
     m_sim = simulated_microbatches(pp, m)
     sched = schedule(name, pp, m_sim)
     return tuple(len(order) * m // m_sim for order in sched.orders)
+
+
+def handoffs(where: tuple[int, ...]) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+    """Per virtual stage (where: the rank of each): whether its forward's input comes from
+    another rank (the stage before is elsewhere), and whether its backward's does (the
+    stage after is elsewhere)."""
+    last = len(where) - 1
+    fwd = tuple(s > 0 and where[s - 1] != where[s] for s in range(last + 1))
+    bwd = tuple(s < last and where[s + 1] != where[s] for s in range(last + 1))
+    return fwd, bwd
+
+
+def handoffs_per_rank(name: str, pp: int, m: int) -> tuple[int, ...]:
+    """Passes each rank runs in a step of m micro-batches whose input another rank sends:
+    forwards after a stage on another rank, backwards (I passes) before one; W passes
+    take nothing (from megalith_pipeline's schedule, scaled to m as passes_per_rank)."""
+    from megalith_pipeline.schedule import BACKWARD, FORWARD, INPUT_GRAD
+
+    m_sim = simulated_microbatches(pp, m)
+    sched = schedule(name, pp, m_sim)
+    rank_of = {a.stage: r for r, order in enumerate(sched.orders) for a in order}
+    last = max(rank_of)
+    out = []
+    for r, order in enumerate(sched.orders):
+        n = 0
+        for a in order:
+            if a.kind == FORWARD and a.stage > 0:
+                n += rank_of[a.stage - 1] != r
+            elif a.kind in (BACKWARD, INPUT_GRAD) and a.stage < last:
+                n += rank_of[a.stage + 1] != r
+        out.append(n * m // m_sim)
+    return tuple(out)

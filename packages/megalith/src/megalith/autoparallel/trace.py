@@ -42,6 +42,8 @@ class PartTally:
     activation_bytes: int = 0
     boundary_bytes: int = 0
     tp_allreduce_bytes: int = 0
+    attention_io_bytes: int = 0
+    param_tensors: int = 0
 
 
 class FusedAttentionOnMeta(TorchFunctionMode):
@@ -142,7 +144,13 @@ class ForwardTrace(TorchDispatchMode):
             if found is not None:
                 tally.params += found[0]
                 tally.tp_params += found[0] if found[1] else 0
+                tally.param_tensors += 1
         cost = op_cost(func, args, kwargs, out)
+        if cost is not None and cost["kind"] == "attention":
+            # q, k, v (FusedAttentionOnMeta repeated grouped kv heads to q's, as Ulysses
+            # does before its exchange) and the output; not the mask or logsumexp
+            tally.attention_io_bytes += sum(nbytes(t) for t in args[:3])
+            tally.attention_io_bytes += nbytes(tensors(out)[0])
         if cost is not None:
             module = self.stack[-1] if self.stack else ""
             tally.ops.append(OpRecord(module=module, op=str(func), **cost))

@@ -56,6 +56,11 @@ class BlockCost:
     tp_allreduce_bytes: int  # forward bytes all-reduced per tp rank under tp (row
     # parallel outputs); backward moves as much again
     ops: tuple[OpRecord, ...] = ()
+    attention_io_bytes: int = 0  # q, k and v into the block's attention calls and their
+    # outputs, k and v at q's head count: what Ulysses' four all-to-alls move (0: no
+    # fused attention traced)
+    param_tensors: int = 0  # parameter tensors the block reads first (under Ulysses one
+    # gradient all-reduce each)
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,10 @@ class MachineProfile:
         micro-batch on one stage) costs beside its compute: the executor's bookkeeping,
         the message hand-over, the pass's autograd call (calibrate_pass.py); 0.0 where
         not measured, as split_backward_call_s.
+    pipeline_handoff_s: seconds a pipeline pass whose input comes from another rank
+        waits beyond the message: ~0 where every rank has a core, the sender's
+        descheduling where ranks outnumber the cores (calibrate_handoff.py); 0.0 where
+        not measured.
     """
 
     name: str
@@ -139,6 +148,7 @@ class MachineProfile:
     transport: str  # "nccl" or "gloo"
     split_backward_call_s: float = 0.0
     pipeline_pass_s: float = 0.0
+    pipeline_handoff_s: float = 0.0
     measured: str = ""  # when and how (calibrate's command line, or "built-in")
 
     def to_json(self) -> dict[str, Any]:

@@ -161,9 +161,17 @@ def checkpointable(model: torch.nn.Module) -> bool:
     )
 
 
-def is_reference_model(model: torch.nn.Module) -> bool:
-    """megalith.models' decoders (the only ones all_to_all sequence parallelism runs)."""
-    return type(model).__module__.startswith("megalith.models")
+def runs_ulysses(model: torch.nn.Module) -> bool:
+    """Whether all_to_all sequence parallelism (tensor_parallel/ulysses.py) runs this
+    model's class: megalith.models' GPT and Llama, transformers' Llama family and GPT-2.
+    The planner checks the heads and the sequence against each sp size itself."""
+    from megalith.tensor_parallel.ulysses import validate_ulysses
+
+    try:
+        validate_ulysses(model, 1)
+    except ValueError:
+        return False
+    return True
 
 
 def fingerprint(model: torch.nn.Module, settings: dict[str, Any]) -> str:

@@ -38,8 +38,8 @@ from .auto_plan import (
     agree,
     checkpointable,
     choose_profile,
-    is_reference_model,
     live_cluster,
+    runs_ulysses,
     strategy_of,
 )
 from .base import Plugin, check_precision, world
@@ -64,7 +64,8 @@ class AutoPlugin(Plugin):
         LOCAL_WORLD_SIZE per node).
     max_tp, max_pp: the largest tensor / pipeline sizes tried (None: any). max_pp is 1
         by default: a pipeline needs a loop that steps through booster.execute_pipeline.
-    allow_sp: try all_to_all sequence parallelism (megalith.models only).
+    allow_sp: try all_to_all sequence parallelism (on the models Ulysses runs:
+        megalith.models' GPT and Llama, transformers' Llama family and GPT-2).
     allow_offload: try offloading optimizer state to host memory.
     allow_ckpt: try activation checkpointing (models with a checkpointing switch only).
     device_budget_gb, host_budget_gb: the memory per device / per node planned for
@@ -235,7 +236,7 @@ class AutoPlugin(Plugin):
             fixed["pp"] = _within(
                 fixed.get("pp"), [d for d in divisors(world_size) if d <= s["max_pp"]]
             )
-        if not s["allow_sp"] or not is_reference_model(model):
+        if not s["allow_sp"] or not runs_ulysses(model):
             fixed["sp"] = 1
         if not s["allow_offload"]:
             fixed["offload"] = "none"
