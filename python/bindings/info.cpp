@@ -10,6 +10,7 @@
 #include "megalith/cpu/simd_level.h"
 #include "megalith/cpu/thread_pool.h"
 #include "megalith/cuda/device.h"
+#include "megalith/optim/cpu.h"
 
 namespace nb = nanobind;
 
@@ -54,6 +55,10 @@ void bind_info(nb::module_& m) {
       nb::arg("level").none(),
       "Use the named SIMD level from now on (None: back to the automatic choice).");
 
+  m.def("cpu_step_schedule", &optim::cpu::step_schedule,
+        "How the host step kernels split their elements over the threads: 'blocked' or "
+        "'interleaved' (measured at the first large steps; MEGALITH_CPU_SCHEDULE forces one), "
+        "'measuring' until then.");
   m.def("num_threads", &cpu::num_threads, "Host threads the engine's CPU kernels use.");
   m.def("set_num_threads", &cpu::set_num_threads, nb::arg("n"),
         "Set the engine's host thread count (>= 1).");

@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "cpu_kernel_table.h"
+#include "cpu_schedule.h"
 #include "rounding_stream.h"
 #include "megalith/config.h"
 #include "megalith/cpu/simd_level.h"
@@ -23,6 +25,7 @@ namespace {
 using detail::KernelTable;
 using detail::LeanKernelTable;
 using detail::Range;
+using detail::Schedule;
 
 // Below this many elements per thread, waking another thread costs more than it saves.
 constexpr std::int64_t kMinPerThread = 1 << 15;
@@ -72,18 +75,10 @@ void check_slot(const ParamSlots& s, std::size_t i, const char* optimizer, int s
   }
 }
 
-// [Note: interleaved chunks] Each task walks chunks t, t + T, t + 2T, ... of
-// kChunk elements instead of one contiguous 1/T of the range: all threads then
-// stream through the same neighbourhood of each buffer at a time, which keeps
-// the DRAM pages in use few (DeepSpeed's CPU Adam gets the same effect from
-// tiles with an OpenMP loop inside). MEGALITH_CPU_SCHEDULE=blocked gives the
-// contiguous split, kept for benchmarking the difference.
+// Schedule::interleaved walks chunks t, t + T, t + 2T, ... of kChunk elements per
+// task instead of one contiguous 1/T of the range; which is faster is measured at
+// first use (see [Note: schedule by measurement] in cpu_schedule.cpp).
 constexpr std::int64_t kChunk = 1 << 16;
-
-bool interleaved_schedule() {
-  const char* v = std::getenv("MEGALITH_CPU_SCHEDULE");
-  return v == nullptr || std::strcmp(v, "blocked") != 0;
-}
 
 // Calls kernel(range, task) on the part of every slot inside [lo, hi).
 template <class Kernel>
@@ -107,14 +102,15 @@ bool visit(const ParamSlots* slots, std::size_t count, const std::vector<std::in
   return bad;
 }
 
-// Runs `kernel(range, task) -> bool` over all slots, spread over the threads
-// (see [Note: interleaved chunks]). Returns true when any call returned true.
+// Runs `kernel(range, task) -> bool` over all slots, spread over the threads as
+// `schedule` splits them (nullptr: measured or chosen by step_schedule, for the
+// elementwise step kernels). Returns true when any call returned true.
 // With block > 1 every range starts on a multiple of `block` within its slot
 // (q8 states): each slot is padded to whole blocks in the split and the piece
 // boundaries are multiples of the block.
 template <class Kernel>
 bool for_each_range(const ParamSlots* slots, std::size_t count, Kernel&& kernel,
-                    std::int64_t block = 1) {
+                    std::int64_t block = 1, const Schedule* schedule = nullptr) {
   std::vector<std::int64_t> offsets(count + 1, 0);
   for (std::size_t i = 0; i < count; ++i) {
     offsets[i + 1] = offsets[i] + (slots[i].numel + block - 1) / block * block;
@@ -124,7 +120,10 @@ bool for_each_range(const ParamSlots* slots, std::size_t count, Kernel&& kernel,
 
   std::int64_t by_size = std::max<std::int64_t>(1, total / kMinPerThread);
   int tasks = static_cast<int>(std::min<std::int64_t>(megalith::cpu::num_threads(), by_size));
-  const bool interleaved = interleaved_schedule();
+  bool timed = false;
+  const Schedule chosen = schedule ? *schedule : detail::step_schedule(total, tasks, &timed);
+  const bool interleaved = chosen == Schedule::interleaved;
+  const auto start = std::chrono::steady_clock::now();
   const std::int64_t align = std::max(kAlign, block);
   static_assert(kChunk % optim::kQ8Block == 0, "interleaved chunks are whole q8 blocks");
   std::int64_t per_task = (total + tasks - 1) / tasks;
@@ -143,15 +142,25 @@ bool for_each_range(const ParamSlots* slots, std::size_t count, Kernel&& kernel,
     }
     if (bad) found.store(true, std::memory_order_relaxed);
   });
+  if (timed) {
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    detail::report_step_time(chosen, total, took.count());
+  }
   return found.load();
 }
 
+// Reductions keep one split, so their partial sums (and bits) do not follow the timing.
+constexpr Schedule kReductionSplit = Schedule::blocked;
+
 bool any_nonfinite(const ParamSlots* slots, std::size_t count, const StepArgs& args) {
   const KernelTable& k = kernels();
-  return for_each_range(slots, count, [&](const Range& r, int) {
-    double ignored = 0.0;
-    return k.grad_stats(r.grad, r.begin, r.end, args.grad_dtype, args.grad_scale, &ignored);
-  });
+  return for_each_range(
+      slots, count,
+      [&](const Range& r, int) {
+        double ignored = 0.0;
+        return k.grad_stats(r.grad, r.begin, r.end, args.grad_dtype, args.grad_scale, &ignored);
+      },
+      1, &kReductionSplit);
 }
 
 // Shared shape of every step: optional pre-scan for skip, then one fused pass.
@@ -353,9 +362,12 @@ GradStats grad_stats(const void* const* grads, const std::int64_t* numels, std::
   std::vector<double> partial(static_cast<std::size_t>(megalith::cpu::num_threads()), 0.0);
   const KernelTable& k = kernels();
   GradStats out;
-  out.found_nonfinite = for_each_range(slots.data(), count, [&](const Range& r, int task) {
-    return k.grad_stats(r.grad, r.begin, r.end, grad_dtype, scale, &partial[task]);
-  });
+  out.found_nonfinite = for_each_range(
+      slots.data(), count,
+      [&](const Range& r, int task) {
+        return k.grad_stats(r.grad, r.begin, r.end, grad_dtype, scale, &partial[task]);
+      },
+      1, &kReductionSplit);
   for (double p : partial) out.sum_sq += p;
   return out;
 }

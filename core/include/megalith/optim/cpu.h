@@ -3,6 +3,7 @@
 // active level (cpu/simd_level.h), split over the engine's threads.
 
 #include <cstddef>
+#include <string>
 
 #include "megalith/export.h"
 #include "megalith/optim/hyper.h"
@@ -24,5 +25,10 @@ MEGALITH_API StepResult lion_step(const ParamSlots* slots, std::size_t count, co
 /// pass (the input to global-norm clipping and dynamic loss scaling).
 MEGALITH_API GradStats grad_stats(const void* const* grads, const std::int64_t* numels,
                                   std::size_t count, DType grad_dtype, float scale);
+
+/// How the step kernels split their elements over the threads: "blocked" or
+/// "interleaved" (measured at the first large steps, or forced by
+/// MEGALITH_CPU_SCHEDULE), "measuring" until then.
+MEGALITH_API std::string step_schedule();
 
 }  // namespace megalith::optim::cpu
