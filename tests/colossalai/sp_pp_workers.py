@@ -84,6 +84,7 @@ def sp_pp_case(
         tp_size=tp, pp_size=pp, sp_size=sp, enable_sequence_parallelism=True,
         sequence_parallelism_mode="all_to_all", parallel_output=False, zero_stage=zero,
         **(dict(num_microbatches=2, pp_style=style) if pp > 1 else {}),
+        **(dict(num_model_chunks=2) if style == "interleaved" else {}),
     )  # fmt: skip
     booster = Booster(plugin=plugin)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

@@ -1,7 +1,7 @@
 """Issue 17: HybridParallelPlugin runs all-to-all (Ulysses) sequence parallelism beside a
 pipeline, as ColossalAI does (sp_size=2, sequence_parallelism_mode="all_to_all",
 pp_size=2). On 4 CPU ranks, transformers' LlamaForCausalLM and GPT2LMHeadModel (and a
-classification head of each, and megalith.models' Llama; 1F1B, ZB-V, ZeRO-1) through
+classification head of each, and megalith.models' Llama; 1F1B, interleaved, ZB-V, ZeRO-1) through
 booster.execute_pipeline give the plain single-process model's losses, first gradients and
 parameters after three SGD-with-momentum steps (fp32, 1e-5 relative), every decoder layer
 running on a sequence shard (so the pipeline's p2p carries each sp rank's shard); GPT-2's
@@ -20,6 +20,7 @@ from tests.colossalai.sp_pp_workers import sp_pp_grid
 SETTINGS = [  # (model, tp, sp, pp[, zero_stage, pp_style])
     ("LlamaForCausalLM", 1, 2, 2),
     ("LlamaForCausalLM", 1, 2, 2, 0, "zbv"),
+    ("GPT2LMHeadModel", 1, 2, 2, 1, "interleaved"),
     ("GPT2LMHeadModel", 1, 2, 2),
     ("LlamaForSequenceClassification", 1, 2, 2),
     ("GPT2ForSequenceClassification", 1, 2, 2, 1),
