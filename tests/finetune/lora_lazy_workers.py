@@ -15,7 +15,7 @@ import torch
 
 import megalith_comm as comm
 from tests.finetune.lora_hybrid_workers import lora_config
-from tests.finetune.workers import SEQ, VOCAB, build
+from tests.finetune.workers import SEQ, VOCAB, build, step_mean_loss
 
 STEPS, BATCH, LR = 3, 4, 1.0
 #: the seed offset peft draws its adapters from where the caller reseeds before them
@@ -175,13 +175,7 @@ def lazy_lora(rank: int, setting: tuple[str, str, str, int, str | None, str]) ->
     mine = ids[dp_rank * n : (dp_rank + 1) * n]
     losses, snapshots = [], []
     for step in range(STEPS):
-        loss = model(input_ids=mine, labels=mine).loss
-        booster.backward(loss, opt)
-        opt.step()
-        opt.zero_grad()
-        mean = loss.detach().clone()
-        comm.all_reduce(mean)
-        losses.append(float(mean) / w.world_size)
+        losses.append(step_mean_loss(booster, opt, model(input_ids=mine, labels=mine).loss))
         if step in (0, STEPS - 1):
             snapshots.append(_snapshot(booster, model))
     booster.save_lora_as_pretrained(model, directory)

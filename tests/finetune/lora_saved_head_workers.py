@@ -31,7 +31,7 @@ from tests.finetune.lora_lazy_workers import (
     plain_base,
     plugin,
 )
-from tests.finetune.workers import build, config
+from tests.finetune.workers import build, config, step_mean_loss
 
 LR, MOMENTUM = 0.5, 0.9
 HEADS = {"llama": "lm_head", "llama-cls": "score"}
@@ -149,7 +149,6 @@ def saved_head(rank: int, setting: tuple[str, str, str, int, str | None, str]) -
     ids = batch(seed)
     mine = ids[dp_rank * n : (dp_rank + 1) * n]
     targets = labels(family, seed)[dp_rank * n : (dp_rank + 1) * n]
-    w = comm.get_world()
     pipelined = plugin_name.startswith("pp")
     losses, snapshots = [], []
     for step in range(STEPS):
@@ -158,12 +157,7 @@ def saved_head(rank: int, setting: tuple[str, str, str, int, str | None, str]) -
             loss = booster.execute_pipeline(data, model, lambda out, _: out.loss, opt)["loss"]
         else:
             loss = model(input_ids=mine, labels=targets).loss
-            booster.backward(loss, opt)
-        opt.step()
-        opt.zero_grad()
-        mean = loss.detach().clone()
-        comm.all_reduce(mean)
-        losses.append(float(mean) / w.world_size)
+        losses.append(step_mean_loss(booster, opt, loss, backward=not pipelined))
         if step in (0, STEPS - 1):
             snapshots.append(_snapshot(booster, model))
     logits = None

@@ -16,6 +16,7 @@ import torch
 import megalith_comm as comm
 from tests.finetune.lora_saved_head_workers import saved_state_keys
 from tests.finetune.lora_sp_workers import base_model, batch, lora_config, plain_peft
+from tests.finetune.workers import step_mean_loss
 
 STEPS, LR, MOMENTUM = 3, 0.2, 0.9
 
@@ -76,13 +77,7 @@ def sp_zero_lora(rank: int, setting: tuple[str, int, str, str, int]) -> dict[str
     mine = ids[dp_rank * n : (dp_rank + 1) * n]
     losses = []
     for _ in range(STEPS):
-        loss = model(input_ids=mine, labels=mine).loss
-        booster.backward(loss, opt)
-        opt.step()
-        opt.zero_grad()
-        mean = loss.detach().clone()
-        comm.all_reduce(mean)
-        losses.append(float(mean) / comm.get_world().world_size)
+        losses.append(step_mean_loss(booster, opt, model(input_ids=mine, labels=mine).loss))
     state = opt.state
     kept = sum(s.numel() for v in state.values() for s in v.values() if torch.is_tensor(s))
     booster.save_lora_as_pretrained(model, directory)

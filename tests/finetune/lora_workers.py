@@ -13,7 +13,7 @@ import torch
 
 import megalith_comm as comm
 from tests.colossalai.lora_workers import _batches, _loss, base_model, lora_config
-from tests.finetune.workers import make_plugin
+from tests.finetune.workers import make_plugin, step_mean_loss
 
 
 def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -49,13 +49,7 @@ def lora_plugin_run(rank: int, setting: tuple[str, str]) -> dict[str, Any]:
     me = w.rank if dp > 1 else 0
     losses = []
     for ids in _batches():
-        loss = _loss(model, ids[me * n : (me + 1) * n])
-        booster.backward(loss, opt)
-        opt.step()
-        opt.zero_grad()
-        mean = loss.detach().clone()
-        comm.all_reduce(mean)
-        losses.append(float(mean) / w.world_size)
+        losses.append(step_mean_loss(booster, opt, _loss(model, ids[me * n : (me + 1) * n])))
     booster.save_lora_as_pretrained(model, directory)
     full = full_tensors(booster.checkpoint_io, model)  # the writer's; others: empty
     frozen = base_model().state_dict()

@@ -133,3 +133,17 @@ def streamed_load(rank: int, setting: tuple[str, str, str, int]) -> dict[str, An
             user = model.unwrap()
             out[f"{when}_tied"] = user.lm_head.weight is user.transformer.wte.weight
     return out
+
+
+def step_mean_loss(booster, opt, loss, backward: bool = True) -> float:
+    """Backward (unless the pipeline ran it), step, zero the gradients; the loss averaged
+    over every rank."""
+    import megalith_comm as comm
+
+    if backward:
+        booster.backward(loss, opt)
+    opt.step()
+    opt.zero_grad()
+    mean = loss.detach().clone()
+    comm.all_reduce(mean)
+    return float(mean) / comm.get_world().world_size
