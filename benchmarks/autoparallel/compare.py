@@ -41,7 +41,7 @@ PLUGIN_ORDER = ("ddp", "zero", "gemini", "hybrid")
 
 
 def plugin_family(cfg: dict[str, Any]) -> str:
-    if cfg["tp"] > 1 or cfg["pp"] > 1:
+    if cfg["tp"] > 1 or cfg["pp"] > 1 or cfg.get("sp", 1) > 1:
         return "hybrid"
     return {0: "ddp", 1: "zero", 2: "zero", 3: "gemini"}[cfg["zero_stage"]]
 
@@ -72,6 +72,7 @@ def predict_line(cfg: dict[str, Any], cluster: Any) -> dict[str, Any]:
         dp=cfg["dp"],
         tp=cfg["tp"],
         pp=cfg["pp"],
+        sp=cfg.get("sp", 1),
         zero_stage=cfg["zero_stage"],
         offload="host" if frac else "none",
         offload_fraction=frac,
@@ -93,7 +94,7 @@ def predict_line(cfg: dict[str, Any], cluster: Any) -> dict[str, Any]:
         "state_bytes": state,
         "breakdown": cand.breakdown,
         "params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
-        "exact_state": cfg["zero_stage"] >= 1 and cfg["tp"] == cfg["pp"] == 1,
+        "exact_state": cfg["zero_stage"] >= 1 and cfg["tp"] == cfg["pp"] == cfg.get("sp", 1) == 1,
     }
 
 
@@ -171,7 +172,8 @@ def choices(rows: list[dict[str, Any]], device_bytes: float) -> list[str]:
     return out
 
 
-_KNOBS = ("dp", "tp", "pp", "zero_stage", "offload_fraction", "micro_batch", "num_microbatches")
+_KNOBS = ("dp", "tp", "pp", "sp", "zero_stage", "offload_fraction", "micro_batch",
+          "num_microbatches")  # fmt: skip
 
 
 def searched(rows: list[dict[str, Any]], cluster: Any) -> list[str]:
@@ -198,7 +200,7 @@ def searched(rows: list[dict[str, Any]], cluster: Any) -> list[str]:
     same = [
         r
         for r in ok
-        if {k: r["cfg"][k] for k in _KNOBS} == plan
+        if {k: r["cfg"].get(k, 1) for k in _KNOBS} == plan  # grids before sp: sp 1
         and (r["cfg"]["ckpt"], r["cfg"]["schedule"]) == (top.ckpt, top.schedule)
     ]
     where = (
@@ -267,7 +269,8 @@ def cluster_for(profile: str, lines: list[dict[str, Any]], gpus: int | None) -> 
 
     prof = load_profile(profile)
     world = max(
-        (ln["config"]["dp"] * ln["config"]["tp"] * ln["config"]["pp"] for ln in lines), default=1
+        (c["dp"] * c["tp"] * c["pp"] * c.get("sp", 1) for c in (ln["config"] for ln in lines)),
+        default=1,
     )
     return Cluster(profile=prof, gpus_per_node=gpus or max(world, 1))
 

@@ -44,6 +44,7 @@ class Config:
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    sp: int = 1  # all_to_all sequence parallelism (Ulysses) beside tp
     zero_stage: int = 0
     offload_fraction: float = 0.0
     micro_batch: int = 1
@@ -58,7 +59,7 @@ class Config:
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.sp
 
 
 #: the CPU grid's model: 8 layers of d256 (6.9M parameters), so a step of a few
@@ -102,6 +103,10 @@ def cpu_grid() -> list[Config]:
             num_microbatches=8,
             schedule="interleaved",
         ),
+        # all_to_all sequence parallelism (2026-12-04): beside dp, alone, beside tp
+        replace(c, name="sp2_dp2", dp=2, sp=2),
+        replace(c, name="sp4", dp=1, sp=4),
+        replace(c, name="sp2_tp2", dp=1, tp=2, sp=2),
     ]
 
 

@@ -10,7 +10,8 @@ num_microbatches (a pipeline's micro-batches; without one, gradient accumulation
 booster.no_sync), ckpt (the share of each rank's layers checkpointed), the schedule, the
 precision, steps and warm-up, the device.
 
-Plugins: tp or pp > 1 -> HybridParallelPlugin(tp_size, pp_size, zero_stage, ...);
+Plugins: tp, pp or sp > 1 -> HybridParallelPlugin(tp_size, pp_size, zero_stage, ...; sp > 1:
+sp_size with sequence_parallelism_mode="all_to_all");
 stage 0 -> TorchDDPPlugin; 1, 2 -> LowLevelZeroPlugin(stage); 3 -> GeminiPlugin.
 
 Step time: each step starts after a barrier and ends after the optimizer step and a
@@ -61,10 +62,17 @@ def make_plugin(cfg: dict[str, Any]) -> Any:
     from megalith.booster import plugin as P
 
     precision = cfg["precision"]
-    if cfg["tp"] > 1 or cfg["pp"] > 1:
+    sp = cfg.get("sp", 1)
+    if cfg["tp"] > 1 or cfg["pp"] > 1 or sp > 1:
         kw: dict[str, Any] = dict(
             tp_size=cfg["tp"], pp_size=cfg["pp"], zero_stage=cfg["zero_stage"], precision=precision
         )
+        if sp > 1:
+            kw.update(
+                enable_sequence_parallelism=True,
+                sequence_parallelism_mode="all_to_all",
+                sp_size=sp,
+            )
         if cfg["pp"] > 1:
             style = {"1f1b": "1f1b", "interleaved": "interleaved", "zbv": "zbv"}[cfg["schedule"]]
             kw.update(num_microbatches=cfg["num_microbatches"], pp_style=style)
@@ -90,7 +98,9 @@ class Stepper:
     def __init__(self, cfg: dict[str, Any], booster: Booster, model: Any, opt: Any, vocab: int):
         self.cfg, self.booster, self.model, self.opt = cfg, booster, model, opt
         self.vocab = vocab
-        self.gen = torch.Generator().manual_seed(1 + comm.get_world().rank // max(1, cfg["tp"]))
+        # the ranks of one tp x sp group feed the same sequences
+        group = max(1, cfg["tp"]) * cfg.get("sp", 1)
+        self.gen = torch.Generator().manual_seed(1 + comm.get_world().rank // group)
         self.device = torch.device(cfg["device"])
         self.grad_bytes = 0  # the gradients' bytes at the last step's end, before zero_grad
 

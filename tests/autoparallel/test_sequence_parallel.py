@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from megalith.autoparallel import AlphaBeta, Cluster, analyze, search
-from megalith.autoparallel.cost import predict
+from megalith.autoparallel.cost import TP_SYNC_S, predict
 from megalith.autoparallel.knobs import Knobs
 from megalith.autoparallel.memory import block_activation, peak_memory
 from megalith.autoparallel.space import why_illegal_layout
@@ -91,9 +91,12 @@ def test_ulysses_communication_is_counted_from_the_graph(family):
         c.profile.collectives[op]["2"] for op in ("all_to_all", "all_reduce", "all_gather")
     )
     got = predict(a, c, dp=2, sp=2, micro_batch=b, num_microbatches=m, precision="fp32")
-    per_layer = 2 * 4 * a2a.time(seq * hidden * 4 * b / 2)  # 4 all-to-alls each way
-    per_layer_grads = [x.param_tensors * ar.time(x.params * 4 / x.param_tensors) for x in a.blocks]
-    span = 2 * ag.time(seq * hidden * 4 * b)  # gathered after the last layer, and the grads
+    sync = TP_SYNC_S["gloo"]  # each blocking collective's wait for its partner, as tp's
+    per_layer = 2 * 4 * (a2a.time(seq * hidden * 4 * b / 2) + sync)  # 4 all-to-alls each way
+    per_layer_grads = [
+        x.param_tensors * (ar.time(x.params * 4 / x.param_tensors) + sync) for x in a.blocks
+    ]
+    span = 2 * (ag.time(seq * hidden * 4 * b) + sync)  # gathered after the last layer, grads
     want = m * (len(a.blocks) * per_layer + sum(per_layer_grads) + span)
     assert got.breakdown["tp_sp_comm"] == pytest.approx(want, rel=1e-9)
     assert predict(a, c, dp=4, micro_batch=b, precision="fp32").breakdown["tp_comm"] == 0

@@ -60,10 +60,11 @@ DP_OVERLAP = {"nccl": 0.8, "gloo": 0.0}
 #: the share of compute stage 3's prefetched all-gathers hide under (fitted with
 #: DP_OVERLAP, one value per transport; nccl not fitted)
 ZERO3_OVERLAP = {"nccl": 0.8, "gloo": 0.0}
-#: seconds each blocking tp collective waits for its group's slowest member, beyond the
-#: collective itself: ranks that share cores (CPU ranks, 4 on 2 cores) meet a partner
-#: that is descheduled mid-compute. gloo: fitted on the CPU grid's tp configurations
-#: (benchmarks/results/autoparallel/2026-12-02_cpu_grid.md); nccl: not fitted (0)
+#: seconds each blocking tp (and sp: sp_costs.py) collective waits for its group's slowest
+#: member, beyond the collective itself: ranks that share cores (CPU ranks, 4 on 2 cores)
+#: meet a partner that is descheduled mid-compute. gloo: fitted on the CPU grid's tp
+#: configurations (benchmarks/results/autoparallel/2026-12-02_cpu_grid.md), not refitted
+#: for sp (2026-12-04_cpu2_sp_and_handoff.md checks it there); nccl: not fitted (0)
 TP_SYNC_S = {"nccl": 0.0, "gloo": 0.004}
 #: the part of the host step that stays after backward (its last chunks); a guess, not
 #: fitted (the CPU grid's host step is a millisecond; the H200 grid will fit it)
@@ -172,16 +173,17 @@ def _pass_times(
             comm += one_pass * (1.5 if id(b) in ckpt else 1)
     comm_fwd = comm_bwd = comm
     if k.sp > 1:
-        wd = working_bytes(k)
+        wd, sync = working_bytes(k), TP_SYNC_S.get(prof.transport, 0.0)
         for b in blocks:
             if id(b) in layers:
-                a2a = ulysses_pass_s(cluster, b, k)
+                a2a = ulysses_pass_s(cluster, b, k, sync)
+                grads = grad_reduce_s(cluster, b, k, wd, sync)
                 comm_fwd += a2a
-                comm_bwd += a2a * (2 if id(b) in ckpt else 1) + grad_reduce_s(cluster, b, k, wd)
+                comm_bwd += a2a * (2 if id(b) in ckpt else 1) + grads
         if any(b is analysis.blocks[-1] for b in blocks):  # gathered after the last layer
-            comm_fwd += span_gather_s(cluster, analysis.blocks[-1], k)
+            comm_fwd += span_gather_s(cluster, analysis.blocks[-1], k, sync)
         if any(b is analysis.blocks[0] for b in blocks):  # the split's gradient, gathered
-            comm_bwd += span_gather_s(cluster, analysis.blocks[0], k)
+            comm_bwd += span_gather_s(cluster, analysis.blocks[0], k, sync)
     return sum(fwd), BACKWARD_FACTOR * sum(fwd), recompute, comm_fwd, comm_bwd
 
 

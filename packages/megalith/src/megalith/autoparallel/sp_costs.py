@@ -14,6 +14,10 @@ the first layer and the last; the embedding and the head run on the whole sequen
 - Gradients: every parameter of the layers saw only this rank's tokens, so a hook
   all-reduces each one's gradient over the sp group as backward makes it, once per
   micro-batch (reduce_partial_grads); blocking, one collective per parameter tensor.
+
+Every one of these collectives blocks its rank mid-compute, as tp's all-reduces do, so
+each also waits `sync_s` for its group's slowest member (cost.TP_SYNC_S: ranks that
+share cores meet a partner that is descheduled).
 """
 
 from __future__ import annotations
@@ -34,23 +38,26 @@ def ulysses_bytes(block: BlockCost, k: Knobs) -> float:
     return io * k.micro_batch / (k.sp * k.tp)
 
 
-def ulysses_pass_s(cluster: Cluster, block: BlockCost, k: Knobs) -> float:
+def ulysses_pass_s(cluster: Cluster, block: BlockCost, k: Knobs, sync_s: float = 0.0) -> float:
     """Seconds of one pass's (forward's or backward's) all-to-alls of a layer."""
     if k.sp == 1:
         return 0.0
     one = ulysses_bytes(block, k) / ULYSSES_ALL_TO_ALLS
-    return ULYSSES_ALL_TO_ALLS * collective_time(cluster, "all_to_all", k.sp, one, k.tp)
+    return ULYSSES_ALL_TO_ALLS * (collective_time(cluster, "all_to_all", k.sp, one, k.tp) + sync_s)
 
 
-def span_gather_s(cluster: Cluster, block: BlockCost, k: Knobs) -> float:
+def span_gather_s(cluster: Cluster, block: BlockCost, k: Knobs, sync_s: float = 0.0) -> float:
     """Seconds of the span's one all-gather of a micro-batch's hidden states (the
     gathered buffer: the block's output on the whole sequence, whole over tp)."""
     if k.sp == 1:
         return 0.0
-    return collective_time(cluster, "all_gather", k.sp, block.boundary_bytes * k.micro_batch, k.tp)
+    nbytes = block.boundary_bytes * k.micro_batch
+    return collective_time(cluster, "all_gather", k.sp, nbytes, k.tp) + sync_s
 
 
-def grad_reduce_s(cluster: Cluster, block: BlockCost, k: Knobs, working_bytes: int) -> float:
+def grad_reduce_s(
+    cluster: Cluster, block: BlockCost, k: Knobs, working_bytes: int, sync_s: float = 0.0
+) -> float:
     """Seconds of one backward's gradient all-reduces of a layer over the sp group: one
     per parameter tensor (at least one), the rank's tp shard of its parameters."""
     if k.sp == 1 or block.params == 0:
@@ -58,4 +65,4 @@ def grad_reduce_s(cluster: Cluster, block: BlockCost, k: Knobs, working_bytes: i
     n = block.params - block.tp_params + block.tp_params // k.tp
     calls = max(1, block.param_tensors)
     one = n * working_bytes / calls
-    return calls * collective_time(cluster, "all_reduce", k.sp, one, k.tp)
+    return calls * (collective_time(cluster, "all_reduce", k.sp, one, k.tp) + sync_s)
