@@ -8,7 +8,8 @@ their own buffers of 2^LOG2N fp32 elements (p, g, m, v), so load changes on a sh
 machine hit every variant alike. Variants: "auto" (MEGALITH_CPU_SCHEDULE unset: the
 engine measures both splits at its first large steps and keeps the faster), "blocked",
 "interleaved" (forced); "+avx2" / "+scalar" suffixes force a SIMD level. Prints the
-median and best per variant and torch's median over each variant's (>1: megalith faster).
+median and best per variant, torch's median over each variant's (>1: megalith faster), and
+the median of the per-round ratios (paired: both timed within the same round's load).
 The order is shuffled each round: the step right after torch's runs beside torch's
 OpenMP threads still spinning, whichever it is.
 """
@@ -82,11 +83,14 @@ def main() -> None:
     base = statistics.median(times["torch fused"])
     print(f"log2n={log2n} threads={threads} rounds={rounds} simd={e.simd_level()} "
           f"auto chose {chosen} load={os.getloadavg()[0]:.2f}")  # fmt: skip
-    print("| variant | median ms | best ms | torch fused / variant (median) |")
-    print("|---|---|---|---|")
+    print(
+        "| variant | median ms | best ms | torch fused / variant (medians) | (paired, per round) |"
+    )
+    print("|---|---|---|---|---|")
     for name, xs in times.items():
         m = statistics.median(xs)
-        print(f"| {name} | {m * 1e3:.2f} | {min(xs) * 1e3:.2f} | {base / m:.3f} |")
+        paired = statistics.median(t / x for t, x in zip(times["torch fused"], xs))
+        print(f"| {name} | {m * 1e3:.2f} | {min(xs) * 1e3:.2f} | {base / m:.3f} | {paired:.3f} |")
 
 
 if __name__ == "__main__":

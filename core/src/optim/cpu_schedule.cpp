@@ -26,9 +26,9 @@ namespace {
 
 constexpr std::int64_t kTimedMin = std::int64_t{1} << 22;  // 16 MiB of fp32 a buffer
 constexpr int kTrials = 4;
-// The contiguous split stays unless the interleaved one is this much faster: it won on
+// The contiguous split stays unless the interleaved one is 7% faster: it won on
 // both machines measured, and a shared box's noise should not flip the choice.
-constexpr double kInterleavedMargin = 0.97;
+constexpr double kInterleavedMargin = 0.93;
 
 struct Measured {
   std::mutex mu;
