@@ -12,6 +12,10 @@ Pruning, so that a 70B model over 1,024 GPUs plans in seconds:
   does not fit ends that loop, but for the whole per-rank batch as one micro-batch (no
   accumulated gradients), which is tried then too;
 - a pipeline with fewer micro-batches than stages idles half its ranks: not tried;
+- beside a pipeline sp grows only while the same tp x pp at the smaller sp (sp = 1
+  included) fits no plan without checkpointing: there a larger sp is what holds a
+  sequence's activations; past it its gain over dp is a smaller bubble, paid for with
+  collectives every layer (all sp x pp layouts made 70B over 1,024 GPUs plan 7x slower);
 - pipelines are simulated last, in order of a lower bound (their time with the
   bubble's least for uniform stages, (pp - 1) / chunks passes, none for ZB-V), and only
   while the bound can still reach the top `top`.
@@ -92,7 +96,10 @@ def search(
             f"it (tp divides the {cluster.per_node} devices of a node, dp x tp x pp x sp = "
             f"{cluster.world})"
         )
+    fits_plain: set[tuple[int, int]] = set()  # (tp, pp) fitting without ckpt at a smaller sp
     for dp, tp, pp, sp in layouts:
+        if sp > 1 and pp > 1 and (tp, pp) in fits_plain:
+            continue
         why = space.why_illegal_layout(analysis, cluster, tp, pp, sp)
         if why is None and seqs % dp:
             why = f"dp={dp}: the global batch of {seqs} sequences does not divide by it"
@@ -104,6 +111,8 @@ def search(
         for knobs, memory in _fitting(ctx, base, seqs // dp):
             bound = sum(step_parts(analysis, cluster, knobs, simulate=False).values())
             pool.append((bound, len(pool), knobs, memory))
+            if knobs.ckpt == 0:
+                fits_plain.add((tp, pp))
     if not pool:
         raise ctx.record.no_plan(analysis, cluster, constraints)
     ranked = _rank(analysis, cluster, pool, top)
