@@ -25,9 +25,21 @@ class Setting:
     #: and the sequence length come from it
     by_name: bool = False
     kwargs: dict[str, Any] = field(default_factory=dict)
+    #: transformers' GPT2LMHeadModel of the same sizes instead of megalith's GPT
+    hf: bool = False
 
 
-def make_model(seed: int, **overrides: Any) -> torch.nn.Module:
+def make_model(seed: int, hf: bool = False, **overrides: Any) -> torch.nn.Module:
+    if hf:
+        import transformers
+
+        torch.manual_seed(seed)
+        config = transformers.GPT2Config(
+            n_layer=SIZES["n_layers"], n_embd=SIZES["d_model"], n_head=SIZES["n_heads"],
+            n_inner=SIZES["d_ff"], vocab_size=VOCAB, n_positions=2 * SEQ,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        )  # fmt: skip
+        return transformers.GPT2LMHeadModel(config)
     from megalith import models
 
     return models.create(
@@ -49,9 +61,9 @@ def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9, weight_decay=0.01)
 
 
-def plain_losses(seed: int) -> list[float]:
+def plain_losses(seed: int, hf: bool = False) -> list[float]:
     """The model on the whole global batch in one process: the reference."""
-    model = make_model(seed)
+    model = make_model(seed, hf)
     opt = _optimizer(model)
     losses = []
     for ids in batches(seed):
@@ -73,12 +85,12 @@ def auto_train(rank: int, setting: Setting) -> dict[str, Any]:
     """Trains under AutoPlugin; returns the plan (as JSON), the budget and the losses."""
     from megalith.booster import Booster
 
-    model = make_model(setting.seed)
+    model = make_model(setting.seed, setting.hf)
     if setting.by_name:
         return _by_name(rank, setting, model)
     budget = None
     if setting.budget == "tight":
-        roomy = _plugin(setting).plan_for(make_model(setting.seed))
+        roomy = _plugin(setting).plan_for(make_model(setting.seed, setting.hf))
         budget = (roomy.chosen.predicted_peak_bytes - 1) / 1e9
         plugin = _plugin(setting, device_budget_gb=budget, memory_headroom=1.0)
     else:

@@ -124,12 +124,13 @@ def test_when_only_sp_fits_the_winners_reason_says_so():
 
 def test_a_plan_with_sp_trains_on_4_ranks_as_plain_torch():
     seed = random.randrange(1000)
-    reference = plain_losses(seed)
     settings = [
         Setting(seed, kwargs={"constraints": {"sp": 2, "tp": 1}}),  # dp 2 x sp 2
         Setting(seed, kwargs={"constraints": {"sp": 2, "tp": 2}}),  # tp 2 x sp 2
+        Setting(seed, kwargs={"constraints": {"sp": 2, "tp": 1}}, hf=True),  # transformers'
     ]
-    for runs in run_grid(auto_train, settings, 4, timeout=100):
+    for setting, runs in zip(settings, run_grid(auto_train, settings, 4, timeout=100)):
+        reference = plain_losses(seed, setting.hf)
         plans = [r["plan"] for r in runs]
         assert all(p == plans[0] for p in plans), "ranks ran different plans"
         chosen = plans[0]["chosen"]
