@@ -84,8 +84,8 @@ def test_colossalai_module_paths():
     assert isinstance(HybridParallelPlugin(tp_size=1), PipelinePluginBase)
     assert MoeHybridParallelPlugin(tp_size=1, pp_size=1, ep_size=1).ep_size == 1
     assert MoeHybridParallelPlugin(tp_size=1, pp_size=1, ep_size=2).ep_size == 2
-    with pytest.raises(ValueError, match="pass zero_stage=0"):
-        MoeHybridParallelPlugin(tp_size=1, pp_size=1, ep_size=2, zero_stage=1)
+    with pytest.raises(ValueError, match="pass precision='bf16'"):
+        MoeHybridParallelPlugin(tp_size=1, pp_size=1, ep_size=2, zero_stage=1, precision="fp16")
     with pytest.raises(ValueError, match="pass tp_size=1"):
         MoeHybridParallelPlugin(tp_size=2, pp_size=1, ep_size=2)
 

@@ -45,6 +45,8 @@ class Case:
     max_norm: float = 0.0
     checkpoint: bool = False  # save after steps-1, reload into a fresh model, one more step
     precision: str = "fp32"  # bf16: autocast, losses within bf16 rounding only
+    zero_stage: int = 0  # 1: ZeRO over the dense weights, the experts stepped beside it
+    scheduler: bool = False  # a StepLR halving the lr each step, built before boost
 
 
 def run(rank: int, case: Case) -> list[str]:
@@ -61,14 +63,21 @@ def run(rank: int, case: Case) -> list[str]:
     # each rank builds its own weights: boost() must take dp rank 0's (experts included)
     mine = tiny(case.family, case.experts, seed + rank)
     plugin = MoeHybridParallelPlugin(tp_size=1, pp_size=1, ep_size=case.ep,
-                                     precision=case.precision, max_norm=case.max_norm)  # fmt: skip
+                                     precision=case.precision, max_norm=case.max_norm,
+                                     zero_stage=case.zero_stage)  # fmt: skip
     booster = Booster(plugin=plugin)
 
     def sgd(params):
         return torch.optim.SGD(params, lr=0.2, momentum=0.9)
 
-    model, opt, *_ = booster.boost(mine, sgd(mine.parameters()))
+    def halving(optimizer):
+        return torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+
+    raw = sgd(mine.parameters())
+    sched = halving(raw) if case.scheduler else None
+    model, opt, _, _, sched = booster.boost(mine, raw, lr_scheduler=sched)
     opt_ref = sgd(ref.parameters())
+    sched_ref = halving(opt_ref) if case.scheduler else None
     dp_rank, dp = plugin.dp_rank_size
     gen = torch.Generator().manual_seed(seed)
     batches = [
@@ -77,6 +86,7 @@ def run(rank: int, case: Case) -> list[str]:
     for step, ids in enumerate(batches):
         if case.checkpoint and step == case.steps - 1:
             model, opt = _reload(booster, ref, case, model, opt, sgd, errors)
+            sched = None  # the files hold the scheduled lr; the last step needs no more
         want = ref(ids, labels=ids).loss
         want.backward()
         local = ids.chunk(dp)[dp_rank]
@@ -86,14 +96,18 @@ def run(rank: int, case: Case) -> list[str]:
         comm.all_reduce(got, op="avg", group=plugin.mesh.group("dp"))
         if rel(got[0], want) > (1e-5 if case.precision == "fp32" else 2e-2):
             errors.append(f"step {step}: loss {float(got[0])} against {float(want)}")
-        if step == 0 and case.precision == "fp32":
-            _check_grads(model, ref, errors)
+        if step == 0 and case.precision == "fp32" and not case.zero_stage:
+            _check_grads(model, ref, errors)  # under ZeRO the dense gradients are its shards
         if case.max_norm:  # the boosted optimizer clips by the whole model's norm in step()
             torch.nn.utils.clip_grad_norm_(ref.parameters(), case.max_norm)
         opt.step()
         opt.zero_grad()
         opt_ref.step()
         opt_ref.zero_grad()
+        if sched is not None:
+            sched.step()
+        if sched_ref is not None:
+            sched_ref.step()
     if case.precision == "fp32":
         _check_weights(model, ref, errors, "trained")
     return errors
@@ -147,15 +161,48 @@ def _reload(booster, ref, case: Case, model, opt, sgd, errors: list[str]):
         errors.append(f"transformers' from_pretrained of the files: logits off by {err:.3g}")
     fresh = tiny(case.family, case.experts, 12345)
     plugin = MoeHybridParallelPlugin(tp_size=1, pp_size=1, ep_size=case.ep, precision="fp32",
-                                     max_norm=case.max_norm)  # fmt: skip
+                                     max_norm=case.max_norm, zero_stage=case.zero_stage)  # fmt: skip
     other = Booster(plugin=plugin)
     model2, opt2, *_ = other.boost(fresh, sgd(fresh.parameters()))
     other.load_model(model2, os.path.join(path, "model"))
     other.load_optimizer(opt2, os.path.join(path, "optim"))
-    for name, p in model2.unwrap().named_parameters():
-        if not torch.equal(_full(name, p), before[name]):
-            errors.append(f"reloaded {name} differs from the saved model")
+    _check_same_states(opt.state_dict(), opt2.state_dict(), errors)
+    _check_same_weights(model2, before, errors, "reloaded")
+    with torch.no_grad():
+        for p in model2.unwrap().parameters():
+            p.add_(1.0)  # what load_state_dict must overwrite
+    model2.load_state_dict(model.state_dict())  # experts as this rank holds them
+    _check_same_weights(model2, before, errors, "model.load_state_dict")
     comm.barrier()
     if comm.get_world().rank == 0:
         shutil.rmtree(path, ignore_errors=True)
     return model2, opt2
+
+
+def _check_same_weights(model, want: dict[str, torch.Tensor], errors: list[str], what: str) -> None:
+    for name, p in model.unwrap().named_parameters():
+        if not torch.equal(_full(name, p), want[name]):
+            errors.append(f"{what} {name} differs from the saved model")
+
+
+def _check_same_states(a: dict, b: dict, errors: list[str], where: str = "state") -> None:
+    """The optimizer states (not the param groups) of two state dicts, tensor by tensor."""
+    for key in ("state", "expert_state"):
+        if key not in a:
+            continue
+        if key == "expert_state":
+            _check_same_states(a[key], b[key], errors, key)
+            continue
+        if a[key].keys() != b[key].keys():
+            errors.append(f"optimizer {where}: parameters {sorted(a[key])} vs {sorted(b[key])}")
+            continue
+        for i, entry in a[key].items():
+            for k, v in entry.items():
+                other = b[key][i].get(k)
+                same = (
+                    torch.equal(torch.as_tensor(v), torch.as_tensor(other))
+                    if other is not None
+                    else False
+                )
+                if not same:
+                    errors.append(f"optimizer {where}: {i}/{k} differs after reloading")

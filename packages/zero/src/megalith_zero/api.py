@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
@@ -91,7 +91,7 @@ class ZeroModel(torch.nn.Module):
 
 
 def _param_groups(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, outside: Collection[int] = ()
 ) -> list[tuple[str, torch.nn.Parameter, int]]:
     group_of: dict[int, int] = {}
     for gi, g in enumerate(optimizer.param_groups):
@@ -101,8 +101,13 @@ def _param_groups(
                 raise ValueError(
                     f"megalith_zero: a parameter appears in param groups {group_of[id(p)]} and {gi}"
                 )
+            if id(p) in outside:
+                raise ValueError(
+                    f"megalith_zero: param group {gi} holds a parameter passed in `outside`; "
+                    "the optimizer given to shard() must hold only the parameters ZeRO steps"
+                )
             group_of[id(p)] = gi
-    named = list(model.named_parameters())
+    named = [(n, p) for n, p in model.named_parameters() if id(p) not in outside]
     in_model = {id(p) for _, p in named}
     stray = [
         gi
@@ -139,6 +144,7 @@ def shard(
     axis: str = "dp",
     model_parallel: ModelParallel | None = None,
     materialize: Callable[[Sequence[torch.nn.Parameter]], None] | None = None,
+    outside: Collection[torch.nn.Parameter] = (),
 ) -> tuple[ZeroModel, ZeroOptimizer]:
     """Shards `model`'s training state over `group` (default: all ranks), or over
     `mesh`'s `axis` (every rank of the world calls it then, whatever its group).
@@ -160,6 +166,10 @@ def shard(
     meta device): called with each chunk's parameters just before the chunk is built,
     it makes them real on its `device` attribute (megalith.lazy.ChunkMaterializer), so
     no rank holds more than its shards plus one chunk of the model.
+
+    outside: parameters of `model` that another optimizer steps (expert weights split
+    over other ranks): left where they are, in no chunk, not broadcast, their gradients
+    not reduced; the caller adds their squared norm to clip_grad_norm_(extra_sum_sq=...).
     """
     config = config or ZeroConfig()
     if mesh is not None:
@@ -194,7 +204,7 @@ def shard(
             "is in; train in bf16, or set step_in_backward=False"
         )
     rule = rule_for(optimizer)
-    params = _param_groups(model, optimizer)
+    params = _param_groups(model, optimizer, {id(p) for p in outside})
     # An optimizer that has stepped: its states are taken out now (by name) and handed
     # over into the chunks' shards once they exist, so training continues where it was.
     handed = take_param_states(optimizer, [(n, p) for n, p, _ in params])

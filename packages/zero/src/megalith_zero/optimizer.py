@@ -230,9 +230,14 @@ class ZeroOptimizer:
         )
         return self._stats
 
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> float:
+    def clip_grad_norm_(
+        self, max_norm: float, norm_type: float = 2.0, extra_sum_sq: float = 0.0
+    ) -> float:
         """Global L2 norm of the (unscaled) gradients over all shards; the next step()
-        multiplies them by min(1, max_norm / (norm + 1e-6)), as torch's clip_grad_norm_."""
+        multiplies them by min(1, max_norm / (norm + 1e-6)), as torch's clip_grad_norm_.
+        extra_sum_sq: the squared (unscaled) norm of the model's gradients another
+        optimizer steps (shard(outside=...)), the same on every rank: the norm returned and
+        clipped by is the whole model's, the caller scaling those gradients itself."""
         if self._updated_in_backward:
             raise RuntimeError(
                 "clip_grad_norm_: the chunks were already updated during backward "
@@ -245,6 +250,8 @@ class ZeroOptimizer:
             )
         sum_sq, _, _ = self._grad_stats()
         norm = math.sqrt(sum_sq) / self.loss_scale
+        if extra_sum_sq:
+            norm = math.sqrt(norm * norm + extra_sum_sq)
         self._clip_coef = min(1.0, max_norm / (norm + 1e-6))
         return norm
 

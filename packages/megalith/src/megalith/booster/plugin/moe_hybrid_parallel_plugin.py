@@ -11,14 +11,18 @@ transformers writes them.
 
 What runs: transformers' MoE models whose experts compute as Mixtral's (Mixtral,
 Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3, OLMoE, ...; megalith.moe.experts), ep_size > 1 with
-tp_size = 1, pp_size = 1, no sequence parallelism, zero_stage 0; each of the others with
-ep_size > 1 is refused, naming what to pass. ep_size=1 is HybridParallelPlugin with every
-argument, the experts held whole on every rank (their gradients zeros where a rank routed
-nothing to them, so every rank reduces the same tensors).
+tp_size = 1, pp_size = 1, no sequence parallelism, zero_stage 0 or 1 (moe_zero.py: ZeRO
+over the dense weights, a plain optimizer of the user's class over the experts; fp32 or
+bf16); each of the others with ep_size > 1 is refused, naming what to pass. zero_stage=2
+becomes 1 with a one-time warning at any ep_size, as ColossalAI's plugin does. ep_size=1
+is HybridParallelPlugin with every other argument, the experts held whole on every rank
+(their gradients zeros where a rank routed nothing to them, so every rank reduces the
+same tensors).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -45,6 +49,9 @@ class MoeHybridParallelPlugin(HybridParallelPlugin):
         self.ep_size = ep_size
         self.moe_dp_outside = bool(moe_dp_outside)
         self.moe_mesh: Any = None
+        if kwargs.get("zero_stage") == 2:  # as ColossalAI's plugin
+            _warn_stage_2()
+            kwargs["zero_stage"] = 1
         if ep_size > 1:
             _refuse_with_ep(ep_size, tp_size, pp_size, kwargs)
         super().__init__(tp_size, pp_size, *args, **kwargs)
@@ -104,12 +111,38 @@ class MoeHybridParallelPlugin(HybridParallelPlugin):
         mesh = self.moe_mesh
         apply_expert_parallel(model, mesh.group("ep"), mesh.group("moe_dp"), self.mesh.group("dp"))
 
+    def _zero(self, model, optimizer, criterion, dataloader, lr_scheduler):
+        if self.ep_size == 1:
+            return super()._zero(model, optimizer, criterion, dataloader, lr_scheduler)
+        from .moe_zero import zero_beside_experts
+
+        wrapped, opt = zero_beside_experts(self, model, optimizer)
+        return wrapped, opt, criterion, dataloader, lr_scheduler
+
     def get_checkpoint_io(self) -> CheckpointIO:
         if self.ep_size == 1:
             return super().get_checkpoint_io()
+        if self.zero_stage:
+            from ..checkpoint_io.moe_zero import MoEZeroCheckpointIO
+
+            return MoEZeroCheckpointIO()
         from ..checkpoint_io.moe import MoECheckpointIO
 
         return MoECheckpointIO()
+
+
+_warned_stage_2 = False
+
+
+def _warn_stage_2() -> None:
+    global _warned_stage_2
+    if not _warned_stage_2:
+        _warned_stage_2 = True
+        warnings.warn(
+            "MoeHybridParallelPlugin: zero_stage=2 runs as zero_stage=1 (ColossalAI's plugin "
+            "does the same); pass zero_stage=1 to silence this",
+            stacklevel=3,
+        )
 
 
 def _refuse_with_ep(ep: int, tp: int, pp: int, kwargs: dict[str, Any]) -> None:
@@ -121,11 +154,11 @@ def _refuse_with_ep(ep: int, tp: int, pp: int, kwargs: dict[str, Any]) -> None:
         )
     if pp != 1:
         raise ValueError(f"{what} with pp_size={pp}: pass pp_size=1")
-    zero = kwargs.get("zero_stage", 0)
-    if zero:
+    if kwargs.get("zero_stage") and kwargs.get("precision") == "fp16":
         raise ValueError(
-            f"{what} with zero_stage={zero}: the experts' optimizer states are not sharded "
-            "over their own ranks yet; pass zero_stage=0 (or ep_size=1 with ZeRO)"
+            f"{what} with zero_stage=1 and precision='fp16': the experts' gradients are not "
+            "loss-scaled beside ZeRO's; pass precision='bf16' (as ColossalAI's MoE examples) "
+            "or zero_stage=0"
         )
     if kwargs.get("enable_sequence_parallelism") or (kwargs.get("sp_size") or 1) > 1:
         raise ValueError(
