@@ -206,3 +206,70 @@ def _check_same_states(a: dict, b: dict, errors: list[str], where: str = "state"
                 )
                 if not same:
                     errors.append(f"optimizer {where}: {i}/{k} differs after reloading")
+
+
+@dataclass(frozen=True)
+class Resume:
+    precision: str = "fp32"
+    optimizer: str = "adamw"  # "hybrid": megalith's HybridAdam, ColossalAI's examples' choice
+
+
+def resume_equal(rank: int, case: Resume) -> list[str]:
+    """zero_stage=1 under Adam: two steps, save, load into a fresh boosted model; the
+    states, the scheduled lr and one more step of both runs are bit-equal (Adam's
+    updates of near-zero gradients are compared run to run, never against torch)."""
+    import shutil
+
+    import megalith_comm as comm
+    from megalith.booster import Booster
+    from megalith.booster.plugin import MoeHybridParallelPlugin
+    from megalith.nn.optimizer import HybridAdam
+
+    errors: list[str] = []
+
+    def boost(seed: int):
+        model = tiny("mixtral", 4, seed)
+        plugin = MoeHybridParallelPlugin(tp_size=1, pp_size=1, ep_size=2, zero_stage=1,
+                                         precision=case.precision, max_norm=1.0)  # fmt: skip
+        booster = Booster(plugin=plugin)
+        cls = HybridAdam if case.optimizer == "hybrid" else torch.optim.AdamW
+        raw = cls(model.parameters(), lr=1e-3, weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.StepLR(raw, step_size=1, gamma=0.5)
+        model, opt, _, _, sched = booster.boost(model, raw, lr_scheduler=sched)
+        return booster, model, opt, sched
+
+    def step(booster, model, opt, ids) -> float:
+        loss = model(ids, labels=ids).loss
+        booster.backward(loss, opt)
+        opt.step()
+        opt.zero_grad()
+        return float(loss.detach())
+
+    booster, model, opt, sched = boost(int.from_bytes(os.urandom(3), "little"))
+    ids = torch.randint(0, VOCAB, (PER_RANK, SEQ))
+    for _ in range(2):
+        step(booster, model, opt, ids)
+        sched.step()
+    path = os.path.join(tempfile.gettempdir(), f"megalith-moe-resume-{os.getppid()}")
+    booster.save_model(model, os.path.join(path, "model"), shard=True)
+    booster.save_optimizer(opt, os.path.join(path, "optim"), shard=True)
+    booster2, model2, opt2, _ = boost(12345)
+    booster2.load_model(model2, os.path.join(path, "model"))
+    booster2.load_optimizer(opt2, os.path.join(path, "optim"))
+    _check_same_states(opt.state_dict(), opt2.state_dict(), errors)
+    if not opt.state_dict()["expert_state"]["state"]:
+        errors.append("the experts' optimizer holds no states after two steps")
+    if opt2.param_groups[0]["lr"] != opt.param_groups[0]["lr"]:
+        errors.append(
+            f"lr {opt2.param_groups[0]['lr']} after loading, {opt.param_groups[0]['lr']} saved"
+        )
+    if step(booster, model, opt, ids) != step(booster2, model2, opt2, ids):
+        errors.append("the loss of the step after loading differs from the saved run's")
+    want = dict(model.unwrap().named_parameters())
+    for name, p in model2.unwrap().named_parameters():
+        if not torch.equal(p, want[name]):
+            errors.append(f"{name} differs one step after loading")
+    comm.barrier()
+    if comm.get_world().rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+    return errors

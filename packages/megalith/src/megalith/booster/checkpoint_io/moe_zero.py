@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 
+from megalith_core.safetensors_files import TensorReader
+
 from ..plugin.base import require
-from .general import GeneralCheckpointIO, OptimizerFiles
+from .general import GeneralCheckpointIO, OptimizerFiles, named_tensors
 from .moe import MoECheckpointIO
 
 
@@ -27,16 +29,26 @@ def _zero() -> Any:
 
 class MoEZeroCheckpointIO(MoECheckpointIO):
     def model_tensors(self, model: Any) -> dict[str, torch.Tensor]:
-        zmodel = model.module
-        out = super().model_tensors(model)  # experts gathered over ep (collective)
+        from megalith.tensor_parallel.state import gather_full
+
+        zmodel, whole = model.module, model.unwrap()
+        out = named_tensors(whole)
         # the dense weights' fp32 masters, gathered over dp one chunk at a time
         out.update(_zero().full_state.iter_full_params(zmodel.chunks, zmodel.group))
+        for name, p in whole.named_parameters():  # in the same order on every rank
+            if hasattr(p, "ep_spec"):  # gathered over ep (fp32 masters under bf16)
+                out[name] = gather_full(model.expert_value(p), p.ep_group, p.ep_spec)
         return out
 
     def read_model(self, model: Any, directory: Path, strict: bool) -> None:
         super().read_model(model, directory, strict)  # keys checked; experts and buffers
         zmodel = model.module  # the dense weights into ZeRO's masters, then its working copy
         _zero().load_full(zmodel, zmodel.optimizer, directory)
+        with TensorReader(directory, "model") as reader:  # the experts' fp32 masters
+            for name, p in model.unwrap().named_parameters():
+                if hasattr(p, "ep_spec") and reader.has(name):
+                    part = p.ep_spec.take(reader.get(name), p.ep_group.rank, p.ep_group.size)
+                    model.set_expert(p, part)
 
     def optimizer_files(self, optimizer: Any) -> OptimizerFiles:
         full_optimizer = _zero().full_optimizer

@@ -36,6 +36,22 @@ class MoeZeroModel(ZeroModelWrapper):
         super().__init__(zmodel)
         self.mesh = mesh
         self.precision = precision
+        #: Fp32Shadows of the experts' optimizer under bf16 (set by zero_beside_experts)
+        self.expert_masters: Any = None
+
+    def expert_value(self, p: torch.nn.Parameter) -> torch.Tensor:
+        """An expert weight's fp32 master under bf16 (what the files hold, as ZeRO's
+        masters for the dense ones), else the weight itself."""
+        master = self.expert_masters.master(p) if self.expert_masters is not None else None
+        return p.detach() if master is None else master
+
+    def set_expert(self, p: torch.nn.Parameter, value: torch.Tensor) -> None:
+        """This rank's part of an expert weight, its master too under bf16."""
+        if self.expert_masters is not None:
+            self.expert_masters.set_master(p, value.to(p.device))
+        else:
+            with torch.no_grad():
+                p.copy_(value)
 
     def load_state_dict(  # type: ignore[override]
         self, state_dict: dict[str, torch.Tensor], strict: bool = True, assign: bool = False
@@ -51,7 +67,7 @@ class MoeZeroModel(ZeroModelWrapper):
                 src = state_dict[name]
                 if tuple(src.shape) != tuple(p.shape):
                     src = p.ep_spec.take(src, p.ep_group.rank, p.ep_group.size)
-                p.copy_(src)
+                self.set_expert(p, src)
         return result
 
 
@@ -225,8 +241,9 @@ def zero_beside_experts(plugin: Any, model: torch.nn.Module, optimizer: Any) -> 
         _same_kind(optimizer, expert_groups), wrapped, 0.0, None, plugin.communication_dtype
     )
     if expert_opt._masters is not None:  # fp32 masters from the fp32 values, as ZeRO's
+        wrapped.expert_masters = expert_opt._masters
         for p in experts:
-            expert_opt._masters._masters[id(p)] = (originals[id(p)], p.detach()._version)
+            wrapped.set_expert(p, originals[id(p)])
     return wrapped, MoeZeroOptimizer(zopt, wrapped, plugin.max_norm, expert_opt)
 
 

@@ -75,6 +75,22 @@ class Fp32Shadows:
         self.keep_masters = keep_masters
         self._masters: dict[int, tuple[torch.Tensor, int]] = {}
 
+    def master(self, p: torch.Tensor) -> torch.Tensor | None:
+        """keep_masters: p's fp32 master while nothing else has written p since (None
+        otherwise: the next step takes it again from p)."""
+        held = self._masters.get(id(p))
+        if held is None or held[1] != _local(p)._version:
+            return None
+        return held[0]
+
+    def set_master(self, p: torch.Tensor, value: torch.Tensor) -> None:
+        """keep_masters: `value` (fp32, p's local shape) becomes p's master, p its rounded
+        copy (a checkpoint's fp32 weights loaded into a half-precision parameter)."""
+        local = _local(p)
+        with torch.no_grad():
+            local.copy_(value)
+        self._masters[id(p)] = (value.detach().float().contiguous().clone(), local._version)
+
     def _shadow(self, p: torch.Tensor, local: torch.Tensor) -> tuple[torch.Tensor, bool]:
         if local.dtype == torch.float32 and local.is_contiguous():
             return local.detach(), False  # updated in place: nothing to write back
