@@ -20,7 +20,6 @@ from megalith.booster.checkpoint_io import (
     MoECheckpointIO,
 )
 
-
 __all__ = [
     "CheckpointIO",
     "CheckpointIndexFile",
