@@ -124,25 +124,6 @@ class MoeZeroOptimizer(ZeroOptimizerWrapper):
                     p.grad.mul_(coef)
         return norm
 
-    def clip_grad_by_norm(
-        self,
-        max_norm: float,
-        norm_type: float = 2.0,
-        error_if_nonfinite: bool = False,
-        *args: Any,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        """The whole model's L2 norm (dense shards and every expert); both parts scaled by
-        min(1, max_norm / (norm + 1e-6)) at the next step(), as torch's clip_grad_norm_."""
-        norm = self._clip(max_norm, norm_type)
-        if error_if_nonfinite and not math.isfinite(norm):
-            raise RuntimeError(
-                f"clip_grad_by_norm: the total norm of the gradients is {norm}; pass "
-                "error_if_nonfinite=False to skip the check"
-            )
-        self._clipped_norm = norm
-        return torch.tensor(norm)
-
     def clip_grad_by_value(self, clip_value: float, *args: Any, **kwargs: Any) -> None:
         super().clip_grad_by_value(clip_value)
         for p in self._expert_params():

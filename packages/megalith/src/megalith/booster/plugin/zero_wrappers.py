@@ -199,6 +199,10 @@ class ZeroOptimizerWrapper(OptimizerWrapper):
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.loss_scale
 
+    def _clip(self, max_norm: float, norm_type: float = 2.0) -> float:
+        """The whole model's gradient norm, the gradients to be clipped by it."""
+        return self.zero_optimizer.clip_grad_norm_(max_norm, norm_type)
+
     def clip_grad_by_norm(
         self,
         max_norm: float,
@@ -209,7 +213,7 @@ class ZeroOptimizerWrapper(OptimizerWrapper):
     ) -> torch.Tensor:
         """The global L2 norm over every shard (unscaled); the next step() scales the
         gradients by min(1, max_norm / (norm + 1e-6)), as torch's clip_grad_norm_."""
-        norm = self.zero_optimizer.clip_grad_norm_(max_norm, norm_type)
+        norm = self._clip(max_norm, norm_type)
         if error_if_nonfinite and not math.isfinite(norm):
             raise RuntimeError(
                 f"clip_grad_by_norm: the total norm of the gradients is {norm}; pass "
